@@ -1,0 +1,62 @@
+"""Per-object accuracy by the object's index in the description: the dilution curve.
+
+The true object at raster index i is looked up by its cell among the description's mentions (first
+mention of that cell). An attribute counts as right only when the object is named at its cell with
+that attribute; an object never named counts as wrong for every attribute. Counter-prior objects (those
+not taking their scene type's preferred colour / shape, which the model must *see*) are scored
+separately, using the scene's ``preferred_colour`` / ``preferred_shape``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from .chair import _scene_dict
+from .parse import parse_description
+
+FIELDS = ("named", "colour", "shape", "size", "exact", "colour_counter_prior", "shape_counter_prior")
+
+
+def accuracy_by_index(descriptions: Sequence[str], scenes: Sequence) -> list[dict]:
+    """One row per object index (0-based): counts ``n`` / ``n_<field>`` and rates for each field."""
+    if len(descriptions) != len(scenes):
+        raise ValueError(f"{len(descriptions)} descriptions but {len(scenes)} scenes")
+    hits: dict[int, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for text, scene in zip(descriptions, scenes):
+        sc = _scene_dict(scene)
+        first: dict = {}
+        for m in parse_description(text).objects:
+            first.setdefault(m.cell, m)
+        for i, o in enumerate(sc["objects"]):
+            m = first.get((o["row"], o["col"]))
+            ok = {a: m is not None and getattr(m, a) == o[a] for a in ("colour", "shape", "size")}
+            row = hits[i]
+            row["named"].append(m is not None)
+            for a, v in ok.items():
+                row[a].append(v)
+            row["exact"].append(all(ok.values()))
+            if sc.get("preferred_colour") and o["colour"] != sc["preferred_colour"]:
+                row["colour_counter_prior"].append(ok["colour"])
+            if sc.get("preferred_shape") and o["shape"] != sc["preferred_shape"]:
+                row["shape_counter_prior"].append(ok["shape"])
+    out = []
+    for i in sorted(hits):
+        row = {"index": i, "n": len(hits[i]["named"])}
+        for f in FIELDS:
+            vals = hits[i].get(f, [])
+            row[f"n_{f}"] = len(vals)
+            row[f] = sum(vals) / len(vals) if vals else None
+        out.append(row)
+    return out
+
+
+def slope(rows: list[dict], field: str = "exact") -> float | None:
+    """Least-squares slope of ``field`` against the index (per object step); None if < 2 points."""
+    pts = [(r["index"], r[field]) for r in rows if r.get(field) is not None]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / den if den else None

@@ -1,0 +1,202 @@
+"""Training examples and collators for the staged build of a world VLM.
+
+Examples are plain dicts; collators turn a list of them into model inputs with the real tokenizer and
+processor. Labels cover only the assistant's answer (and its end-of-sequence token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .config import WorldConfig
+from .render import render
+from .scene import Scene
+from .texts import CAPTION_PROMPT, DESCRIBE_PROMPT, caption, description, open_questions, yes_no_questions
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class WorldSamples:
+    """Scenes with their rendered images, kept in memory (64x64 RGB images are ~12 KB each)."""
+
+    config: WorldConfig
+    scenes: list[Scene]
+    images: list[Image.Image]
+
+    @classmethod
+    def from_scenes(cls, config: WorldConfig, scenes: list[Scene]) -> WorldSamples:
+        return cls(config, scenes, [render(s, config.noise_std) for s in scenes])
+
+    @classmethod
+    def from_records(cls, config: WorldConfig, records: list[dict]) -> WorldSamples:
+        """From ``read_world`` records (images loaded from their PNG files)."""
+        scenes = [Scene.from_dict(r["scene"]) for r in records]
+        images = []
+        for r in records:
+            with Image.open(r["image"]) as im:
+                images.append(im.convert("RGB"))
+        return cls(config, scenes, images)
+
+    def __len__(self) -> int:
+        return len(self.scenes)
+
+
+def user_message(prompt: str, with_image: bool = True) -> list[dict]:
+    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+    return [{"role": "user", "content": content}]
+
+
+def chat_example(processor, prompt: str, answer: str | None = None) -> str:
+    """Chat-template text for one turn; with ``answer`` the assistant turn (and eos) is included."""
+    msgs = user_message(prompt)
+    if answer is None:
+        return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    return processor.apply_chat_template(msgs, tokenize=False)
+
+
+# ----------------------------------------------------------------------------- text-only LM
+
+
+class TextDataset(torch.utils.data.Dataset):
+    """Text-only pretraining corpus: descriptions and captions of scenes (the world's language prior)."""
+
+    def __init__(self, samples: WorldSamples):
+        self.texts = []
+        for s in samples.scenes:
+            self.texts += [description(s), caption(s)]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"text": self.texts[i]}
+
+
+@dataclass
+class TextCollator:
+    tokenizer: object
+
+    def __call__(self, batch: list[dict]) -> dict:
+        tok = self.tokenizer
+        texts = [f"{tok.bos_token} {b['text']} {tok.eos_token}" for b in batch]
+        enc = tok(texts, return_tensors="pt", padding=True)
+        labels = enc["input_ids"].clone()
+        labels[enc["attention_mask"] == 0] = IGNORE_INDEX
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
+
+
+# ----------------------------------------------------------------------------- vision tower
+
+
+class VisionDataset(torch.utils.data.Dataset):
+    """Images with per-cell targets: shape (0 = empty cell), colour, size, and the scene type."""
+
+    def __init__(self, samples: WorldSamples):
+        c = samples.config
+        self.samples = samples
+        self.rows, self.cols = c.grid
+        self.shape_ix = {s: i + 1 for i, s in enumerate(c.shapes)}
+        self.colour_ix = {s: i for i, s in enumerate(c.colours)}
+        self.size_ix = {s: i for i, s in enumerate(c.sizes)}
+        self.scene_ix = {s: i for i, s in enumerate(c.scenes)}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        s = self.samples.scenes[i]
+        cells = self.rows * self.cols
+        shape = np.zeros(cells, dtype=np.int64)
+        colour = np.full(cells, IGNORE_INDEX, dtype=np.int64)
+        size = np.full(cells, IGNORE_INDEX, dtype=np.int64)
+        for o in s.objects:
+            k = o.row * self.cols + o.col
+            shape[k], colour[k], size[k] = self.shape_ix[o.shape], self.colour_ix[o.colour], self.size_ix[o.size]
+        return {"image": self.samples.images[i], "shape": shape, "colour": colour, "size": size,
+                "scene": self.scene_ix[s.scene]}
+
+
+@dataclass
+class VisionCollator:
+    image_processor: object
+
+    def __call__(self, batch: list[dict]) -> dict:
+        pix = self.image_processor([b["image"] for b in batch], return_tensors="pt")["pixel_values"]
+        out = {"pixel_values": pix}
+        for k in ("shape", "colour", "size"):
+            out[k] = torch.as_tensor(np.stack([b[k] for b in batch]))
+        out["scene"] = torch.tensor([b["scene"] for b in batch])
+        return out
+
+
+# ----------------------------------------------------------------------------- VLM (alignment, instruction)
+
+
+class VLMDataset(torch.utils.data.Dataset):
+    """(image, prompt, answer) triples. ``mix`` picks which tasks each scene contributes:
+    "describe", "caption", "yes_no" (two questions, one yes one no, drawn per scene), "open" (one)."""
+
+    TASKS = ("describe", "caption", "yes_no", "open")
+
+    def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS, seed: int = 0):
+        unknown = set(mix) - set(self.TASKS)
+        if unknown:
+            raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
+        rng = np.random.default_rng(seed)
+        self.samples = samples
+        self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
+        for i, s in enumerate(samples.scenes):
+            if "describe" in mix:
+                self.items.append((i, DESCRIBE_PROMPT, description(s)))
+            if "caption" in mix:
+                self.items.append((i, CAPTION_PROMPT, caption(s)))
+            if "yes_no" in mix:
+                qs = yes_no_questions(s, samples.config)
+                cat = int(rng.integers(len(qs) // 2))
+                for q in qs[2 * cat : 2 * cat + 2]:
+                    self.items.append((i, q["question"], q["answer"]))
+            if "open" in mix:
+                qs = open_questions(s)
+                q = qs[int(rng.integers(len(qs)))]
+                self.items.append((i, q["question"], q["answer"]))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        k, prompt, answer = self.items[i]
+        return {"image": self.samples.images[k], "prompt": prompt, "answer": answer}
+
+
+@dataclass
+class VLMCollator:
+    """Chat-formatted, right-padded batches; labels only on the assistant's answer and eos."""
+
+    processor: object
+
+    def __call__(self, batch: list[dict]) -> dict:
+        proc = self.processor
+        texts = [chat_example(proc, b["prompt"], b["answer"]) for b in batch]
+        enc = proc(text=texts, images=[b["image"] for b in batch], return_tensors="pt", padding=True)
+        enc["labels"] = answer_labels(enc["input_ids"], enc["attention_mask"], proc.tokenizer)
+        return dict(enc)
+
+
+def answer_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor, tokenizer) -> torch.Tensor:
+    """Labels [B, T]: the input ids after the last "assistant :" marker; IGNORE_INDEX elsewhere."""
+    marker = tokenizer.convert_tokens_to_ids("assistant")
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    for b in range(input_ids.shape[0]):
+        pos = (input_ids[b] == marker).nonzero()
+        if len(pos) == 0:
+            raise ValueError(f"row {b} has no assistant turn; cannot build labels")
+        start = int(pos[-1]) + 2  # skip "assistant" and ":"
+        labels[b, start:] = input_ids[b, start:]
+    labels[attention_mask == 0] = IGNORE_INDEX
+    return labels

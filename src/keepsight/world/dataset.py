@@ -1,0 +1,123 @@
+"""Scenes in memory, on disk (PNG + JSONL) and as a ``datasets.Dataset``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .config import WorldConfig
+from .render import png_bytes, render
+from .scene import Scene, sample_scene
+from .texts import caption, description, open_questions, yes_no_questions
+
+WORLD_FILE = "world.json"
+SCENES_FILE = "scenes.jsonl"
+IMAGES_DIR = "images"
+
+
+def generate(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0) -> list[Scene]:
+    """Scenes ``start .. start+n-1`` of the world with ``seed`` (each scene depends only on seed and index)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return [sample_scene(config, seed, start + i, n_objects=n_objects) for i in range(n)]
+
+
+def scene_record(scene: Scene, config: WorldConfig) -> dict:
+    """All texts of one scene, with the scene graph as the ground truth."""
+    return {
+        "id": scene.id,
+        "scene": scene.to_dict(),
+        "description": description(scene),
+        "caption": caption(scene),
+        "yes_no": yes_no_questions(scene, config),
+        "open": open_questions(scene),
+    }
+
+
+def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int = 0,
+                n_objects: int | None = None, overwrite: bool = False) -> Path:
+    """Write ``n`` scenes to ``out``: ``images/<id>.png``, ``scenes.jsonl`` and ``world.json``.
+
+    The directory is assembled in a temporary sibling and renamed into place, so a crash never leaves
+    a half-written world behind.
+    """
+    out = Path(out)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / IMAGES_DIR).mkdir()
+        with open(tmp / SCENES_FILE, "w") as f:
+            for scene in generate(config, n, seed, n_objects=n_objects):
+                rel = f"{IMAGES_DIR}/{scene.id}.png"
+                (tmp / rel).write_bytes(png_bytes(render(scene, config.noise_std)))
+                rec = {"image": rel, **scene_record(scene, config)}
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+        meta = {"config": config.to_dict(), "seed": seed, "n": n, "n_objects": n_objects}
+        (tmp / WORLD_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
+    """Read and validate a world directory: its config and its records (``image`` made absolute)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"world directory {path} does not exist")
+    meta_file, scenes_file = path / WORLD_FILE, path / SCENES_FILE
+    for f in (meta_file, scenes_file):
+        if not f.is_file():
+            raise FileNotFoundError(f"{path} is not a keepsight world: {f.name} is missing "
+                                    f"(build one with `keepsight world build --out {path}`)")
+    try:
+        config = WorldConfig.from_dict(json.loads(meta_file.read_text())["config"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{meta_file} is corrupt: {e}") from e
+    records = []
+    with open(scenes_file) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                img = path / rec["image"]
+                Scene.from_dict(rec["scene"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{scenes_file}:{lineno} is corrupt: {e!r}") from e
+            if not img.is_file():
+                raise FileNotFoundError(f"{scenes_file}:{lineno}: image {img} is missing")
+            rec["image"] = str(img)
+            records.append(rec)
+    if not records:
+        raise ValueError(f"{scenes_file} holds no scenes")
+    return config, records
+
+
+def load_world(path: str | os.PathLike):
+    """A ``datasets.Dataset`` with columns id, image (decoded PIL), scene (JSON text), description,
+    caption, yes_no, open."""
+    import datasets
+
+    _, records = read_world(path)
+    rows = {
+        "id": [r["id"] for r in records],
+        "image": [r["image"] for r in records],
+        "scene": [json.dumps(r["scene"], sort_keys=True) for r in records],
+        "description": [r["description"] for r in records],
+        "caption": [r["caption"] for r in records],
+        "yes_no": [r["yes_no"] for r in records],
+        "open": [r["open"] for r in records],
+    }
+    return datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())

@@ -1,0 +1,159 @@
+"""Tiny real Hugging Face VLMs, built from configs (never downloaded).
+
+``tiny-llava``: ``LlavaForConditionalGeneration`` = CLIP vision tower + 2-layer GELU projector + Qwen3
+text model. ``tiny-qwen3vl``: ``Qwen3VLForConditionalGeneration`` with a tiny vision tower and text
+model. Both use the world's tokenizer ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TinyPreset:
+    """Sizes of a tiny VLM. ``vision_*`` describe the tower, ``text_*`` the language model."""
+
+    arch: str  # "llava" | "qwen3vl"
+    image_size: int = 64
+    patch_size: int = 8
+    vision_hidden: int = 96
+    vision_layers: int = 3
+    vision_heads: int = 4
+    text_hidden: int = 128
+    text_layers: int = 4
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate: int = 384
+    max_positions: int = 1024
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, TinyPreset] = {
+    "tiny-llava": TinyPreset(arch="llava"),
+    "tiny-llava-6l": TinyPreset(arch="llava", text_layers=6),
+    "tiny-qwen3vl": TinyPreset(arch="qwen3vl", patch_size=8, vision_hidden=64, vision_layers=2),
+}
+
+
+def get_preset(name: str) -> TinyPreset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def text_config(preset: TinyPreset, tokenizer):
+    """The Qwen3 text config shared by the text-only LM and the VLM's language model."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=preset.text_hidden,
+        intermediate_size=preset.text_intermediate,
+        num_hidden_layers=preset.text_layers,
+        num_attention_heads=preset.text_heads,
+        num_key_value_heads=preset.text_kv_heads,
+        head_dim=preset.text_hidden // preset.text_heads,
+        max_position_embeddings=preset.max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def vision_config(preset: TinyPreset):
+    from transformers import CLIPVisionConfig
+
+    return CLIPVisionConfig(
+        hidden_size=preset.vision_hidden,
+        intermediate_size=preset.vision_hidden * 4,
+        num_hidden_layers=preset.vision_layers,
+        num_attention_heads=preset.vision_heads,
+        image_size=preset.image_size,
+        patch_size=preset.patch_size,
+    )
+
+
+def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised tiny VLM of ``preset`` for ``tokenizer`` (deterministic by ``seed``)."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    torch.manual_seed(seed)
+    if p.arch == "llava":
+        from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+        cfg = LlavaConfig(
+            vision_config=vision_config(p).to_dict(),
+            text_config=text_config(p, tokenizer).to_dict(),
+            image_token_id=tokenizer.image_token_id,
+            projector_hidden_act="gelu",
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            image_seq_length=(p.image_size // p.patch_size) ** 2 + 1,
+            tie_word_embeddings=False,
+        )
+        model = LlavaForConditionalGeneration(cfg)
+    elif p.arch == "qwen3vl":
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        tc = text_config(p, tokenizer).to_dict()
+        tc["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": _mrope_section(p.text_hidden // p.text_heads),
+                                 "mrope_interleaved": True}
+        cfg = Qwen3VLConfig(
+            text_config=tc,
+            vision_config=dict(
+                depth=p.vision_layers, hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 4,
+                num_heads=p.vision_heads, patch_size=p.patch_size, spatial_merge_size=2,
+                temporal_patch_size=2, out_hidden_size=p.text_hidden,
+                num_position_embeddings=(p.image_size // p.patch_size) ** 2,
+                deepstack_visual_indexes=[0],
+            ),
+            image_token_id=tokenizer.image_token_id,
+            video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
+            vision_start_token_id=tokenizer.convert_tokens_to_ids("<vision_start>"),
+            vision_end_token_id=tokenizer.convert_tokens_to_ids("<vision_end>"),
+            tie_word_embeddings=False,
+        )
+        model = Qwen3VLForConditionalGeneration(cfg)
+    else:  # pragma: no cover - presets are validated above
+        raise ValueError(f"unknown architecture {p.arch!r}")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model.eval()
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Split head_dim/2 rotary pairs over (t, h, w) like Qwen3-VL's [24, 20, 20] of 64."""
+    half = head_dim // 2
+    h = w = (half * 5) // 16
+    return [half - h - w, h, w]
+
+
+def qwen3vl_inputs(image_processor, tokenizer, prompts: list[str], images: list) -> dict:
+    """Model inputs for ``tiny-qwen3vl`` (what ``Qwen3VLProcessor`` does; that class needs torchvision
+    for its video half, which the CPU install here lacks). Each ``<image>`` in a prompt becomes
+    ``<vision_start> <image>*n <vision_end>`` with n = patches / merge**2; ``mm_token_type_ids`` marks
+    image tokens with 1."""
+    merge = 2
+    pix = image_processor(images=images, return_tensors="pt")
+    grid = pix["image_grid_thw"]  # [n_images, 3]
+    texts, k = [], 0
+    for prompt in prompts:
+        parts = prompt.split("<image>")
+        out = parts[0]
+        for rest in parts[1:]:
+            n = int(grid[k].prod()) // merge**2
+            out += "<vision_start>" + "<image>" * n + "<vision_end>" + rest
+            k += 1
+        texts.append(out)
+    if k != len(images):
+        raise ValueError(f"{k} <image> tokens in the prompts but {len(images)} images")
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    enc["mm_token_type_ids"] = (enc["input_ids"] == tokenizer.image_token_id).long()
+    return {**enc, "pixel_values": pix["pixel_values"], "image_grid_thw": grid}

@@ -1,0 +1,118 @@
+"""Texts generated from a scene graph, and a parser that reads descriptions back.
+
+Every text is a deterministic function of the scene graph (and, for questions, of the scene's seed).
+Words are lower case and punctuation is split off, so the world's word-level tokenizer covers them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS, ParsedDescription, parse_description, place  # noqa: F401
+from .config import WorldConfig
+from .scene import Scene, SceneObject
+
+DESCRIBE_PROMPT = "describe the image in detail ."
+CAPTION_PROMPT = "give a short caption ."
+YES_NO_CATEGORIES = ("existence", "count", "colour", "shape", "position", "scene")
+OPEN_KINDS = ("count", "colour", "shape", "scene")
+
+
+def number_word(n: int) -> str:
+    return NUMBER_WORDS[n]
+
+
+def object_phrase(o: SceneObject) -> str:
+    return f"a {o.size} {o.colour} {o.shape} at {place(o.row, o.col)}"
+
+
+def description(scene: Scene) -> str:
+    """The long "blind painter" description: scene type, count, then every object in raster order."""
+    n = len(scene.objects)
+    count = "there is one object ." if n == 1 else f"there are {number_word(n)} objects ."
+    parts = [f"this is a {scene.scene} scene .", count]
+    parts += [object_phrase(o) + " ." for o in scene.objects]
+    return " ".join(parts)
+
+
+def caption(scene: Scene) -> str:
+    n = len(scene.objects)
+    noun = "object" if n == 1 else "objects"
+    return f"a {scene.scene} scene with {number_word(n)} {noun} ."
+
+
+def _pick(rng: np.random.Generator, seq):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def yes_no_questions(scene: Scene, config: WorldConfig) -> list[dict]:
+    """Two questions per category (one "yes", one "no"), so MME-style acc+ can be scored per image."""
+    rng = np.random.default_rng([scene.seed, scene.index, 2])
+    objs = scene.objects
+    n = len(objs)
+    present = {(o.colour, o.shape) for o in objs}
+    out: list[dict] = []
+
+    def add(category: str, yes: str, no: str) -> None:
+        out.append({"category": category, "question": yes, "answer": "yes"})
+        out.append({"category": category, "question": no, "answer": "no"})
+
+    o = _pick(rng, objs)
+    absent = [(c, s) for c in config.colours for s in config.shapes if (c, s) not in present]
+    c, s = _pick(rng, absent)
+    add("existence", f"is there a {o.colour} {o.shape} ?", f"is there a {c} {s} ?")
+
+    wrong_n = _pick(rng, [m for m in range(1, config.max_objects + 1) if m != n])
+    add("count", f"are there {number_word(n)} objects ?", f"are there {number_word(wrong_n)} objects ?")
+
+    o, p = _pick(rng, objs), _pick(rng, objs)
+    wrong = _pick(rng, [c for c in config.colours if c != p.colour])
+    add(
+        "colour",
+        f"is the object at {place(o.row, o.col)} {o.colour} ?",
+        f"is the object at {place(p.row, p.col)} {wrong} ?",
+    )
+
+    o, p = _pick(rng, objs), _pick(rng, objs)
+    wrong = _pick(rng, [s for s in config.shapes if s != p.shape])
+    add(
+        "shape",
+        f"is the object at {place(o.row, o.col)} a {o.shape} ?",
+        f"is the object at {place(p.row, p.col)} a {wrong} ?",
+    )
+
+    o = _pick(rng, objs)
+    rows, cols = config.grid
+    r, k = divmod(int(rng.integers(rows * cols)), cols)
+    there = scene.object_at(r, k)
+    s = _pick(rng, [s for s in config.shapes if there is None or s != there.shape])
+    add("position", f"is there a {o.shape} at {place(o.row, o.col)} ?", f"is there a {s} at {place(r, k)} ?")
+
+    wrong = _pick(rng, [t for t in config.scenes if t != scene.scene])
+    add("scene", f"is this a {scene.scene} scene ?", f"is this a {wrong} scene ?")
+    return out
+
+
+def open_questions(scene: Scene) -> list[dict]:
+    """Short open questions whose exact answers serve as verifiable rewards."""
+    rng = np.random.default_rng([scene.seed, scene.index, 3])
+    o, p = _pick(rng, scene.objects), _pick(rng, scene.objects)
+    return [
+        {"kind": "count", "question": "how many objects are there ?", "answer": number_word(len(scene.objects))},
+        {"kind": "colour", "question": f"what colour is the object at {place(o.row, o.col)} ?", "answer": o.colour},
+        {"kind": "shape", "question": f"what shape is the object at {place(p.row, p.col)} ?", "answer": p.shape},
+        {"kind": "scene", "question": "what scene is this ?", "answer": scene.scene},
+    ]
+
+
+def scene_vocabulary() -> list[str]:
+    """Every word any text of any world can use (independent of the difficulty, so tokenizers are shared)."""
+    from .config import ALL_COLOURS, ALL_SCENES, ALL_SHAPES, ALL_SIZES, MAX_GRID
+
+    words = set(NUMBER_WORDS) | set(ALL_SCENES) | set(ALL_SHAPES) | set(ALL_COLOURS) | set(ALL_SIZES)
+    words |= {place(r, c) for r in range(MAX_GRID) for c in range(MAX_GRID)}
+    for text in (DESCRIBE_PROMPT, CAPTION_PROMPT, "this is a scene . there are is one object objects with",
+                 "a at ? yes no how many what colour shape", "is there a are is the object this scene",
+                 "user assistant :"):
+        words |= set(text.split())
+    return sorted(words)
