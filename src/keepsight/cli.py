@@ -1,0 +1,157 @@
+"""``keepsight`` command line. Heavy modules are imported inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _world_config(args):
+    from .world.config import world_config
+
+    overrides = {}
+    if getattr(args, "image_size", None):
+        overrides["image_size"] = args.image_size
+    if getattr(args, "grid", None):
+        overrides["grid"] = tuple(args.grid)
+    if getattr(args, "max_objects", None):
+        overrides["max_objects"] = args.max_objects
+    return world_config(args.difficulty, **overrides)
+
+
+def cmd_world_build(args) -> int:
+    from .world.dataset import build_world
+
+    cfg = _world_config(args)
+    path = build_world(args.out, cfg, args.n, seed=args.seed, n_objects=args.objects, overwrite=args.overwrite)
+    print(f"wrote {args.n} scenes to {path}")
+    return 0
+
+
+def cmd_world_train(args) -> int:
+    from .world.data import WorldSamples
+    from .world.dataset import generate, read_world
+    from .world.train import STAGES, TrainConfig, train_base, train_stage
+
+    if args.data:
+        cfg, records = read_world(args.data)
+        samples = WorldSamples.from_records(cfg, records)
+    else:
+        cfg = _world_config(args)
+        samples = WorldSamples.from_scenes(cfg, generate(cfg, args.n, seed=args.seed))
+    tc = TrainConfig(preset=args.preset, seed=args.seed)
+    for stage in STAGES:
+        st = getattr(tc, stage)
+        st.steps = max(1, round(st.steps * args.steps_scale))
+        if args.batch_size:
+            st.batch_size = args.batch_size
+    if args.stage == "all" and args.stop_after is None:
+        summaries = train_base(args.out, tc, samples)
+    else:
+        stages = STAGES if args.stage == "all" else (args.stage,)
+        summaries = {}
+        for s in stages:
+            summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after)
+            if summaries[s] is None:
+                print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
+                return 0
+        from .world.train import STAGES as ALL, finalize, stage_done
+
+        if all(stage_done(args.out, s) for s in ALL):
+            finalize(args.out)
+    for s, v in summaries.items():
+        if v:
+            print(f"{s:9s} loss {v['first_loss']:.4f} -> {v['last_loss']:.4f}")
+    return 0
+
+
+def cmd_world_eval(args) -> int:
+    from .world.data import WorldSamples
+    from .world.dataset import read_world
+    from .world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no, load_vlm
+
+    cfg, records = read_world(args.data)
+    samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
+    model, processor = load_vlm(args.model)
+    yn, _ = evaluate_yes_no(model, processor, samples)
+    res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
+           "descriptions": evaluate_descriptions(model, processor, samples)}
+    for c, v in yn["categories"].items():
+        print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
+    ch = res["descriptions"]["chair"]
+    print(f"CHAIRi {ch['chair_i']:.3f} CHAIRs {ch['chair_s']:.3f} object recall {ch['object_recall']:.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    run_demo("smoke" if args.smoke else args.profile, runs_dir=args.runs, name=args.name, retrain=args.retrain)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="keepsight", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def world_args(sp):
+        sp.add_argument("--difficulty", default="default", help="world preset: easy | default | hard")
+        sp.add_argument("--image-size", type=int, help="override the preset's image size (pixels)")
+        sp.add_argument("--grid", type=int, nargs=2, metavar=("ROWS", "COLS"), help="override the grid")
+        sp.add_argument("--max-objects", type=int, help="override the most objects per scene")
+
+    world = sub.add_parser("world", help="the synthetic world").add_subparsers(dest="world_command", required=True)
+    b = world.add_parser("build", help="write scenes as PNG + JSONL")
+    b.add_argument("--out", required=True)
+    b.add_argument("--n", type=int, required=True, help="number of scenes")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--objects", type=int, help="fix the object count of every scene")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    world_args(b)
+    b.set_defaults(func=cmd_world_build)
+
+    t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct)")
+    t.add_argument("--preset", default="tiny-llava")
+    t.add_argument("--out", required=True)
+    t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
+    t.add_argument("--n", type=int, default=4000, help="training scenes when --data is not given")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--stage", default="all", choices=["all", "lm", "vision", "align", "instruct"])
+    t.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's step count")
+    t.add_argument("--batch-size", type=int, help="override every stage's batch size")
+    t.add_argument("--stop-after", type=int, help="stop each stage after this many steps (resume later)")
+    world_args(t)
+    t.set_defaults(func=cmd_world_train)
+
+    e = world.add_parser("eval", help="score a trained model on a world directory")
+    e.add_argument("--model", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
+    e.add_argument("--out", help="write the scores as JSON here")
+    e.set_defaults(func=cmd_world_eval)
+
+    d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")
+    d.add_argument("--smoke", action="store_true", help="a ~1 minute run with tiny budgets")
+    d.add_argument("--profile", default="full", help="full | smoke")
+    d.add_argument("--runs", default="runs", help="where runs and the model cache live")
+    d.add_argument("--name", help="run name (default: the profile)")
+    d.add_argument("--retrain", action="store_true", help="ignore the model cache")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        print(f"keepsight: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

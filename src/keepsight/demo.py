@@ -1,0 +1,186 @@
+"""``keepsight demo``: build the world, train (or reuse) the base model, evaluate, write the report.
+
+Later sections (diagnostics, PVM, bridge, diffusion) add themselves to ``SECTIONS``-style hooks here;
+the base section is what every one of them compares against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .report.html import fmt, img_tag, table, write_report
+from .report.plots import plot_accuracy_by_index
+from .world.config import WorldConfig, world_config
+from .world.data import WorldSamples
+from .world.dataset import generate
+from .world.render import png_bytes
+from .world.train import StageConfig, TrainConfig, train_base
+
+TRAIN_SEED, EVAL_SEED, DILUTION_SEED = 1, 2, 3  # disjoint scene streams for train / eval / dilution
+
+
+@dataclass
+class DemoProfile:
+    name: str
+    n_train: int  # training scenes
+    n_eval: int  # held-out scenes (mixed object counts): yes/no, open answers, CHAIR
+    n_dilution: int  # held-out scenes at a fixed object count: accuracy by index
+    train: TrainConfig = field(default_factory=TrainConfig)
+    world: WorldConfig = field(default_factory=world_config)
+    dilution_objects: int | None = None  # default: the world's max_objects
+
+
+PROFILES = {
+    "smoke": DemoProfile(
+        name="smoke", n_train=160, n_eval=16, n_dilution=16,
+        train=TrainConfig(
+            lm=StageConfig(20, 3e-3, 16), vision=StageConfig(20, 2e-3, 16),
+            align=StageConfig(10, 2e-3, 16), instruct=StageConfig(20, 1e-3, 16), save_every=10,
+        ),
+    ),
+    "full": DemoProfile(
+        name="full", n_train=4000, n_eval=200, n_dilution=150,
+        train=TrainConfig(
+            lm=StageConfig(250, 3e-3, 32), vision=StageConfig(400, 2e-3, 32),
+            align=StageConfig(200, 2e-3, 16), instruct=StageConfig(800, 1e-3, 16), save_every=100,
+        ),
+    ),
+}
+
+
+def cache_key(profile: DemoProfile) -> str:
+    """Hash of everything that determines the trained base model (world, data, training, version)."""
+    blob = json.dumps(
+        {"world": profile.world.to_dict(), "n_train": profile.n_train, "seed": TRAIN_SEED,
+         "train": profile.train.to_dict(), "keepsight": __version__},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def log(msg: str) -> None:
+    print(f"[keepsight demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: str | None = None,
+             retrain: bool = False) -> dict:
+    """Run the demo; returns the results dict also written to ``runs/<name>/results.json``."""
+    if profile_name not in PROFILES:
+        raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
+    from .world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no, load_vlm
+
+    profile = PROFILES[profile_name]
+    runs_dir = Path(runs_dir)
+    out = runs_dir / (name or profile.name)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    timings: dict[str, float] = {}
+    cfg = profile.world
+
+    key = cache_key(profile)
+    model_dir = runs_dir / "cache" / f"base-{key}"
+    if retrain and model_dir.exists():
+        import shutil
+
+        shutil.rmtree(model_dir)
+    if (model_dir / "config.json").is_file():
+        log(f"reusing cached base model {model_dir}")
+        stages = {s: json.loads((model_dir / "stages" / s / "keepsight_stage.json").read_text())
+                  for s in ("lm", "vision", "align", "instruct")}
+    else:
+        log(f"building {profile.n_train} training scenes")
+        train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        log(f"training the base model in 4 stages -> {model_dir}")
+        stages = train_base(model_dir, profile.train, train)
+    timings["train_s"] = time.time() - t0
+
+    t1 = time.time()
+    model, processor = load_vlm(model_dir)
+    eval_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_eval, seed=EVAL_SEED))
+    k = profile.dilution_objects or cfg.max_objects
+    dil_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_dilution, seed=DILUTION_SEED, n_objects=k))
+    log(f"evaluating: yes/no on {len(eval_set)} scenes")
+    yn, _ = evaluate_yes_no(model, processor, eval_set)
+    log("evaluating: open answers")
+    open_acc = evaluate_open(model, processor, eval_set)
+    log(f"evaluating: descriptions of {len(eval_set)} scenes")
+    desc = evaluate_descriptions(model, processor, eval_set)
+    log(f"evaluating: dilution curve on {len(dil_set)} scenes with {k} objects")
+    dil = evaluate_descriptions(model, processor, dil_set)
+    timings["eval_s"] = time.time() - t1
+
+    samples = [
+        {"id": s.id, "truth": t, "generated": g}
+        for s, t, g in zip(eval_set.scenes[:6], _truths(eval_set)[:6], desc["texts"][:6])
+    ]
+    results = {
+        "keepsight": __version__,
+        "profile": profile.name,
+        "world": cfg.to_dict(),
+        "train": profile.train.to_dict(),
+        "model_dir": str(model_dir),
+        "base": {
+            "stages": {s: {k2: v.get(k2) for k2 in ("first_loss", "last_loss")} for s, v in stages.items()},
+            "yes_no": yn,
+            "open": open_acc,
+            "descriptions": {k2: v for k2, v in desc.items() if k2 != "texts"},
+            "dilution": {"n_objects": k, **{k2: v for k2, v in dil.items() if k2 != "texts"}},
+            "samples": samples,
+        },
+        "timings": {**timings, "total_s": time.time() - t0},
+    }
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(out / "results.json")
+    plot = plot_accuracy_by_index(dil["by_index"], out / "dilution.png",
+                                  f"base model, scenes with {k} objects (n={len(dil_set)})")
+    write_report(out / "report.html", f"keepsight demo ({profile.name})",
+                 _base_sections(results, eval_set, plot), results)
+    log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
+    return results
+
+
+def _truths(samples: WorldSamples) -> list[str]:
+    from .world.texts import description
+
+    return [description(s) for s in samples.scenes]
+
+
+def _base_sections(results: dict, eval_set: WorldSamples, plot: Path) -> list[tuple[str, str]]:
+    b = results["base"]
+    yn = b["yes_no"]["categories"]
+    yn_rows = [[c, v["n"], v["acc"], v["acc_plus"], v["score"]] for c, v in yn.items()]
+    yn_rows.append(["total (MME score)", "", b["yes_no"]["overall_acc"], "", b["yes_no"]["total"]])
+    ch = b["descriptions"]["chair"]
+    chair_rows = [[k, ch[k]] for k in ("chair_i", "chair_s", "recall", "hallucination_rate",
+                                       "attribute_error_rate", "object_recall", "exact_recall")]
+    dil = b["dilution"]
+    idx_rows = [[r["index"] + 1, r["n"], r["named"], r["colour"], r["shape"], r["size"], r["exact"],
+                 r["colour_counter_prior"], r["shape_counter_prior"]] for r in dil["by_index"]]
+    samples = ""
+    by_id = {s.id: (s, im) for s, im in zip(eval_set.scenes, eval_set.images)}
+    for smp in b["samples"]:
+        _, im = by_id[smp["id"]]
+        samples += (f"<div class=s>{img_tag(png_bytes(im), smp['id'])}<div><p><b>truth</b>: {fmt(smp['truth'])}"
+                    f"</p><p><b>generated</b>: {fmt(smp['generated'])}</p></div></div>")
+    stage_rows = [[s, v["first_loss"], v["last_loss"]] for s, v in b["stages"].items()]
+    t = results["timings"]
+    return [
+        ("Base model", f"<p>Model: <code>{fmt(results['model_dir'])}</code>; train {t['train_s']:.0f}s, "
+                       f"eval {t['eval_s']:.0f}s.</p>" + table(["stage", "first loss", "last loss"], stage_rows)),
+        ("Yes/no by category (held out)", table(["category", "n", "acc", "acc+", "score"], yn_rows)),
+        ("Open answers (exact match)", table(["kind", "acc"], [[k, v] for k, v in b["open"].items()])),
+        ("Descriptions: CHAIR against the scene graph", table(["metric", "value"], chair_rows)),
+        (f"Dilution: accuracy by object index ({dil['n_objects']} objects per scene)",
+         img_tag(plot.read_bytes(), "accuracy by index")
+         + table(["index", "n", "named", "colour", "shape", "size", "exact", "colour (counter-prior)",
+                  "shape (counter-prior)"], idx_rows)
+         + f"<p>Least-squares slope per index step: exact {fmt(dil['slope_exact'], 4)}, colour "
+           f"{fmt(dil['slope_colour'], 4)}, counter-prior colour {fmt(dil['slope_colour_counter_prior'], 4)}.</p>"),
+        ("Samples", samples),
+    ]

@@ -1,0 +1,1 @@
+"""Plots (matplotlib) and the HTML report of ``keepsight demo``."""

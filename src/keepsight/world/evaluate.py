@@ -1,0 +1,130 @@
+"""Evaluate a world VLM against exact ground truth: yes/no by category, open answers, descriptions
+(CHAIR and per-index accuracy, the dilution curve)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from ..metrics import accuracy_by_index, chair, distinct_n, rep_n, repetition_ratio, slope, yes_no_scores
+from .data import WorldSamples, chat_example
+from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
+
+
+def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None):
+    """Model + processor saved by ``keepsight world train`` (or any local LLaVA-family directory)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds no model (config.json missing); train one with "
+                                f"`keepsight world train --out {path}`")
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval(), processor
+
+
+@contextmanager
+def _padding(tokenizer, side: str):
+    old = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        yield
+    finally:
+        tokenizer.padding_side = old
+
+
+def _batches(n: int, size: int):
+    for i in range(0, n, size):
+        yield slice(i, min(i + size, n))
+
+
+@torch.no_grad()
+def next_token_answers(model, processor, prompts: list[str], images: list, batch_size: int = 64) -> list[str]:
+    """Greedy first answer token for each (prompt, image) (one forward pass, right padding)."""
+    out: list[str] = []
+    tok = processor.tokenizer
+    device = next(model.parameters()).device
+    with _padding(tok, "right"):
+        for sl in _batches(len(prompts), batch_size):
+            texts = [chat_example(processor, p) for p in prompts[sl]]
+            enc = processor(text=texts, images=images[sl], return_tensors="pt", padding=True).to(device)
+            logits = model(**enc).logits  # [B, T, V]
+            last = enc["attention_mask"].sum(1) - 1  # [B]
+            ids = logits[torch.arange(len(last)), last].argmax(-1)
+            out += tok.batch_decode(ids[:, None], skip_special_tokens=True)
+    return [o.strip() for o in out]
+
+
+@torch.no_grad()
+def generate_answers(model, processor, prompts: list[str], images: list, max_new_tokens: int,
+                     batch_size: int = 32) -> list[str]:
+    """Greedy generations (left padding, KV cache) for each (prompt, image)."""
+    out: list[str] = []
+    tok = processor.tokenizer
+    device = next(model.parameters()).device
+    with _padding(tok, "left"):
+        for sl in _batches(len(prompts), batch_size):
+            texts = [chat_example(processor, p) for p in prompts[sl]]
+            enc = processor(text=texts, images=images[sl], return_tensors="pt", padding=True).to(device)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [o.strip() for o in out]
+
+
+def evaluate_yes_no(model, processor, samples: WorldSamples, batch_size: int = 64) -> tuple[dict, list[dict]]:
+    records, prompts, images = [], [], []
+    for scene, img in zip(samples.scenes, samples.images):
+        for q in yes_no_questions(scene, samples.config):
+            records.append({"image": scene.id, **q})
+            prompts.append(q["question"])
+            images.append(img)
+    preds = next_token_answers(model, processor, prompts, images, batch_size)
+    for r, p in zip(records, preds):
+        r["prediction"] = p
+    return yes_no_scores(records), records
+
+
+def evaluate_open(model, processor, samples: WorldSamples, batch_size: int = 64) -> dict:
+    """Exact-match accuracy of short open answers, per kind (the verifiable rewards of GRPO)."""
+    qs, images = [], []
+    for scene, img in zip(samples.scenes, samples.images):
+        for q in open_questions(scene):
+            qs.append(q)
+            images.append(img)
+    preds = generate_answers(model, processor, [q["question"] for q in qs], images, 4, batch_size)
+    by_kind: dict[str, list[bool]] = {}
+    for q, p in zip(qs, preds):
+        by_kind.setdefault(q["kind"], []).append(p.split()[:1] == [q["answer"]])
+    return {k: sum(v) / len(v) for k, v in sorted(by_kind.items())}
+
+
+def description_budget(max_objects: int) -> int:
+    """New-token budget for a description: header + 7 tokens an object + slack."""
+    return 7 * max_objects + 24
+
+
+def evaluate_descriptions(model, processor, samples: WorldSamples, batch_size: int = 32,
+                          max_new_tokens: int | None = None) -> dict:
+    """Generate descriptions and score them: CHAIR family, per-index accuracy, diversity/repetition."""
+    budget = max_new_tokens or description_budget(samples.config.max_objects)
+    texts = generate_answers(model, processor, [DESCRIBE_PROMPT] * len(samples), samples.images, budget,
+                             batch_size)
+    rows = accuracy_by_index(texts, samples.scenes)
+    return {
+        "chair": chair(texts, samples.scenes),
+        "by_index": rows,
+        "slope_exact": slope(rows, "exact"),
+        "slope_colour": slope(rows, "colour"),
+        "slope_colour_counter_prior": slope(rows, "colour_counter_prior"),
+        "scene_acc": sum(t.startswith(f"this is a {s.scene} scene") for t, s in zip(texts, samples.scenes))
+        / max(len(texts), 1),
+        "distinct_2": distinct_n(texts, 2),
+        "rep_4": sum(rep_n(t, 4) for t in texts) / max(len(texts), 1),
+        "repetition_ratio": sum(repetition_ratio(t) for t in texts) / max(len(texts), 1),
+        "texts": texts,
+    }
