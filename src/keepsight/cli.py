@@ -56,7 +56,8 @@ def cmd_world_train(args) -> int:
             if summaries[s] is None:
                 print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
                 return 0
-        from .world.train import STAGES as ALL, finalize, stage_done
+        from .world.train import STAGES as ALL
+        from .world.train import finalize, stage_done
 
         if all(stage_done(args.out, s) for s in ALL):
             finalize(args.out)

@@ -18,7 +18,7 @@ class TinyPreset:
 
     arch: str  # "llava" | "qwen3vl"
     image_size: int = 64
-    patch_size: int = 8
+    patch_size: int = 16  # = the default world's cell size: one patch token per grid cell
     vision_hidden: int = 96
     vision_layers: int = 3
     vision_heads: int = 4
@@ -37,6 +37,7 @@ PRESETS: dict[str, TinyPreset] = {
     "tiny-llava": TinyPreset(arch="llava"),
     "tiny-llava-6l": TinyPreset(arch="llava", text_layers=6),
     "tiny-qwen3vl": TinyPreset(arch="qwen3vl", patch_size=8, vision_hidden=64, vision_layers=2),
+    "tiny-llava-p8": TinyPreset(arch="llava", patch_size=8),  # 65 image tokens (4 per cell)
 }
 
 

@@ -58,7 +58,7 @@ def build_tokenizer():
     return tok
 
 
-def build_processor(image_size: int = 64, patch_size: int = 8, tokenizer=None):
+def build_processor(image_size: int = 64, patch_size: int = 16, tokenizer=None):
     """A ``LlavaProcessor``: CLIP-style image processor at the world's size + the world tokenizer.
 
     The vision tower keeps its CLS token (``vision_feature_select_strategy="full"``), so an image

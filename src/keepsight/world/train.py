@@ -25,7 +25,13 @@ from torch import nn
 
 from .config import WorldConfig
 from .data import (
-    IGNORE_INDEX, TextCollator, TextDataset, VisionCollator, VisionDataset, VLMCollator, VLMDataset,
+    IGNORE_INDEX,
+    TextCollator,
+    TextDataset,
+    VisionCollator,
+    VisionDataset,
+    VLMCollator,
+    VLMDataset,
     WorldSamples,
 )
 from .models import PRESETS, build_model, get_preset, text_config, vision_config

@@ -1,0 +1,35 @@
+import json
+import time
+
+from keepsight.demo import PROFILES, cache_key, run_demo
+
+
+def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys):
+    t0 = time.time()
+    res = run_demo("smoke", runs_dir=tmp_path)
+    first = time.time() - t0
+    out = tmp_path / "smoke"
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["profile"] == "smoke"
+    base = saved["base"]
+    assert set(base["yes_no"]["categories"]) == {"existence", "count", "colour", "shape", "position", "scene"}
+    assert len(base["dilution"]["by_index"]) == saved["world"]["max_objects"]
+    assert {"chair_i", "chair_s", "recall", "hallucination_rate"} <= set(base["descriptions"]["chair"])
+    html = (out / "report.html").read_text()
+    assert "Dilution: accuracy by object index" in html and "data:image/png;base64" in html
+    assert (out / "dilution.png").stat().st_size > 1000
+    assert res["base"]["yes_no"] == base["yes_no"]
+    # second run: the model is reused from the cache (keyed by config + data), only evaluation runs
+    t0 = time.time()
+    again = run_demo("smoke", runs_dir=tmp_path)
+    assert "reusing cached base model" in capsys.readouterr().out
+    assert time.time() - t0 < first
+    assert again["base"]["yes_no"] == base["yes_no"]  # same model, same data: same numbers
+
+
+def test_cache_key_changes_with_config():
+    import dataclasses
+
+    p = PROFILES["smoke"]
+    assert cache_key(p) == cache_key(dataclasses.replace(p))
+    assert cache_key(p) != cache_key(dataclasses.replace(p, n_train=p.n_train + 1))

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from keepsight.world import description, generate, render, world_config
+from keepsight.world.data import chat_example
+from keepsight.world.models import PRESETS, build_model, get_preset, qwen3vl_inputs
+from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
+from keepsight.world.texts import CAPTION_PROMPT, DESCRIBE_PROMPT, caption, open_questions, yes_no_questions
+
+
+def test_tokenizer_covers_every_world_text_without_unk():
+    tok = build_tokenizer()
+    for difficulty in ("easy", "default", "hard"):
+        cfg = world_config(difficulty)
+        for s in generate(cfg, 40, seed=0):
+            texts = [description(s), caption(s), DESCRIBE_PROMPT, CAPTION_PROMPT]
+            texts += [q["question"] for q in yes_no_questions(s, cfg) + open_questions(s)]
+            texts += [q["answer"] for q in open_questions(s)]
+            for t in texts:
+                ids = tok(t)["input_ids"]
+                assert tok.unk_token_id not in ids, t
+                assert tok.decode(ids) == t
+
+
+def test_tokenizer_special_tokens_and_round_trip(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = build_tokenizer()
+    ids = [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    assert len(set(ids)) == len(SPECIAL_TOKENS)  # each special token has its own id
+    for t in SPECIAL_TOKENS:
+        assert tok.tokenize(t) == [t]
+    assert (tok.pad_token, tok.bos_token, tok.eos_token, tok.mask_token, tok.unk_token) == (
+        "<pad>", "<bos>", "<eos>", "<mask>", "<unk>")
+    assert tok.image_token == "<image>"
+    tok.save_pretrained(tmp_path)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path)
+    text = "<bos> user : <image> is there a red circle ? assistant : yes <eos>"
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"]
+    assert tok2.image_token_id == tok.image_token_id and len(tok2) == len(tok)
+
+
+def test_chat_template_marks_the_assistant_turn(processor):
+    tok = processor.tokenizer
+    text = chat_example(processor, "is there a red circle ?", "yes")
+    assert text == "<bos>user : <image> is there a red circle ? assistant : yes <eos> "
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "yes"}]}]
+    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    marked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    assert tok.convert_ids_to_tokens(marked) == ["yes", "<eos>"]
+    assert chat_example(processor, "hi").endswith("assistant :")
+
+
+def test_processor_round_trip(processor, tmp_path):
+    from transformers import AutoProcessor
+
+    cfg = world_config()
+    scenes = generate(cfg, 2, seed=0)
+    images = [render(s, cfg.noise_std) for s in scenes]
+    texts = [chat_example(processor, DESCRIBE_PROMPT, description(s)) for s in scenes]
+    enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
+    n_img = (enc["input_ids"] == processor.tokenizer.image_token_id).sum(1)
+    assert n_img.tolist() == [17, 17]  # (64 / 16) ** 2 patches (one per grid cell) + CLS
+    processor.save_pretrained(tmp_path)
+    p2 = AutoProcessor.from_pretrained(tmp_path)
+    enc2 = p2(text=texts, images=images, return_tensors="pt", padding=True)
+    for k in enc:
+        assert torch.equal(enc[k], enc2[k]), k
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_tiny_model_save_reload_same_logits(preset, processor, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    tok = processor.tokenizer
+    model = build_model(preset, tok)
+    cfg = world_config()
+    images = [render(s, cfg.noise_std) for s in generate(cfg, 2, seed=0)]
+    prompt = chat_example(processor, DESCRIBE_PROMPT)
+    if get_preset(preset).arch == "llava":
+        inputs = processor(text=[prompt] * 2, images=images, return_tensors="pt")
+    else:
+        from transformers import Qwen2VLImageProcessorPil
+
+        ip = Qwen2VLImageProcessorPil(min_pixels=64 * 64, max_pixels=64 * 64, patch_size=8, merge_size=2)
+        inputs = qwen3vl_inputs(ip, tok, [prompt] * 2, images)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    model.save_pretrained(tmp_path)
+    model2 = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()
+    assert type(model2) is type(model)
+    with torch.no_grad():
+        assert torch.equal(model2(**inputs).logits, logits)
+        gen = model2.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert gen.shape[1] == inputs["input_ids"].shape[1] + 4
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'gpt-5'"):
+        build_model("gpt-5", build_tokenizer())

@@ -1,0 +1,115 @@
+import json
+
+import pytest
+import torch
+
+from keepsight.world import generate, world_config
+from keepsight.world.data import VLMCollator, VLMDataset, WorldSamples, answer_labels
+from keepsight.world.train import (
+    STAGES,
+    StageConfig,
+    TrainConfig,
+    last_complete_checkpoint,
+    train_base,
+    train_stage,
+)
+
+
+@pytest.fixture(scope="module")
+def samples():
+    cfg = world_config()
+    return WorldSamples.from_scenes(cfg, generate(cfg, 48, seed=0))
+
+
+def tiny_train_config(**kw) -> TrainConfig:
+    base = dict(lm=StageConfig(30, 3e-3, 8), vision=StageConfig(6, 2e-3, 8), align=StageConfig(4, 2e-3, 4),
+                instruct=StageConfig(30, 2e-3, 4), save_every=10)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_answer_labels_cover_only_the_answer(processor, samples):
+    batch = VLMCollator(processor)([VLMDataset(samples, ("yes_no",))[i] for i in range(2)])
+    tok = processor.tokenizer
+    for ids, labels in zip(batch["input_ids"], batch["labels"]):
+        kept = ids[labels != -100]
+        assert tok.convert_ids_to_tokens(kept.tolist())[-1] == "<eos>"
+        assert tok.decode(kept, skip_special_tokens=True) in ("yes", "no")
+    with pytest.raises(ValueError, match="no assistant turn"):
+        answer_labels(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long), tok)
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_lm_stage_lowers_loss_and_resume_continues_the_same_run(samples, tmp_path):
+    tc = tiny_train_config()
+    # uninterrupted run
+    full = train_stage("lm", tmp_path / "a", tc, samples, progress=False)
+    assert full["last_loss"] < 0.6 * full["first_loss"]
+    # interrupted after step 10 (a checkpoint), then resumed by running the same call again
+    assert train_stage("lm", tmp_path / "b", tc, samples, stop_after=10, progress=False) is None
+    ck = last_complete_checkpoint(tmp_path / "b" / "stages" / "lm-checkpoints")
+    assert ck is not None and ck.endswith("checkpoint-10")
+    resumed = train_stage("lm", tmp_path / "b", tc, samples, progress=False)
+    assert resumed is not None
+    wa, wb = _weights(tmp_path / "a" / "stages" / "lm"), _weights(tmp_path / "b" / "stages" / "lm")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+    # the finished stage is not trained again, and its checkpoints are cleaned up
+    assert train_stage("lm", tmp_path / "b", tc, samples, progress=False)["last_loss"] == resumed["last_loss"]
+    assert not (tmp_path / "b" / "stages" / "lm-checkpoints").exists()
+
+
+def test_incomplete_checkpoint_is_skipped(tmp_path):
+    (tmp_path / "checkpoint-10").mkdir()
+    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-20").mkdir()  # interrupted mid-write: no trainer_state.json
+    assert last_complete_checkpoint(tmp_path).endswith("checkpoint-10")
+
+
+def test_staged_build_trains_and_loads(samples, processor, tmp_path):
+    from keepsight.world.evaluate import load_vlm
+
+    tc = tiny_train_config()
+    with pytest.raises(RuntimeError, match="needs stage 'lm' first"):
+        train_stage("align", tmp_path, tc, samples, progress=False)
+    # held-out batch: instruction loss before (after alignment) and after instruction tuning
+    summaries = train_base(tmp_path, tc, samples, stages=STAGES[:3], progress=False)
+    assert set(summaries) == {"lm", "vision", "align"}
+    assert not (tmp_path / "config.json").exists()  # not finalised before instruct
+    held = WorldSamples.from_scenes(samples.config, generate(samples.config, 8, seed=99))
+    batch = VLMCollator(processor)([VLMDataset(held)[i] for i in range(16)])
+    from transformers import LlavaForConditionalGeneration
+
+    before = LlavaForConditionalGeneration.from_pretrained(tmp_path / "stages" / "align")
+    with torch.no_grad():
+        loss_before = before(**batch).loss.item()
+    train_base(tmp_path, tc, samples, progress=False)
+    model, proc = load_vlm(tmp_path)
+    with torch.no_grad():
+        loss_after = model(**batch).loss.item()
+    assert loss_after < 0.8 * loss_before
+    # the tower stayed frozen in align and instruct: equal to the vision stage's weights
+    from transformers import CLIPVisionModel
+
+    tower = CLIPVisionModel.from_pretrained(tmp_path / "stages" / "vision")
+    trained = model.model.vision_tower.state_dict()
+    assert tower.state_dict().keys() == trained.keys()
+    for k, v in tower.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+    info = json.loads((tmp_path / "stages" / "instruct" / "keepsight_stage.json").read_text())
+    assert info["stage"] == "instruct" and info["log_history"]
+
+
+def test_train_config_errors():
+    with pytest.raises(ValueError, match="unknown preset"):
+        TrainConfig(preset="nope")
+    with pytest.raises(ValueError, match="LLaVA-family presets only"):
+        TrainConfig(preset="tiny-qwen3vl")
+    with pytest.raises(ValueError, match="lm: steps"):
+        TrainConfig(lm=StageConfig(0, 1e-3))
