@@ -30,8 +30,8 @@ SCENE = {
 
 
 def test_chair_perfect_description():
-    text = ("this is a beach scene . there are four objects . a small red circle at a1 . "
-            "a large blue square at a3 . a large red star at b2 . a small green circle at c4 .")
+    text = ("this is a beach scene . there are four objects . at a1 a small red circle . "
+            "at a3 a large blue square . at b2 a large red star . at c4 a small green circle .")
     r = chair([text], [SCENE])
     assert r["mentions"] == 4
     assert r["chair_i"] == 0 and r["chair_s"] == 0 and r["hallucination_rate"] == 0
@@ -40,10 +40,10 @@ def test_chair_perfect_description():
 
 
 def test_chair_hallucinations_attribute_errors_and_repeats():
-    text = ("this is a beach scene . a small red circle at a1 . a small red circle at a1 . "  # repeat
-            "a large blue triangle at a3 . "  # wrong shape, and triangle is not in the scene at all
-            "a large red diamond at d4 . "  # empty cell, diamond absent: hallucination at both levels
-            "a small red star at b2 .")  # wrong size
+    text = ("this is a beach scene . at a1 a small red circle . at a1 a small red circle . "  # repeat
+            "at a3 a large blue triangle . "  # wrong shape, and triangle is not in the scene at all
+            "at d4 a large red diamond . "  # empty cell, diamond absent: hallucination at both levels
+            "at b2 a small red star .")  # wrong size
     r = chair([text, "this is a beach scene ."], [SCENE, SCENE])
     assert r["mentions"] == 5
     # category level: triangle and diamond are not in the scene -> 2 of 5 mentions, 1 of 2 descriptions
@@ -67,8 +67,8 @@ def test_chair_length_mismatch():
 
 
 def test_accuracy_by_index_and_counter_prior():
-    text = ("a small red circle at a1 . a large red square at a3 . "  # colour wrong (blue, counter-prior)
-            "a large red star at b2 .")  # c4 never named
+    text = ("at a1 a small red circle . at a3 a large red square . "  # colour wrong (blue, counter-prior)
+            "at b2 a large red star .")  # c4 never named
     rows = accuracy_by_index([text], [SCENE])
     assert [r["index"] for r in rows] == [0, 1, 2, 3]
     assert [r["named"] for r in rows] == [1, 1, 1, 0]

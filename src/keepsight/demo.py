@@ -47,7 +47,7 @@ PROFILES = {
         name="full", n_train=4000, n_eval=200, n_dilution=150,
         train=TrainConfig(
             lm=StageConfig(250, 3e-3, 32), vision=StageConfig(400, 2e-3, 32),
-            align=StageConfig(200, 2e-3, 16), instruct=StageConfig(800, 2e-3, 16), save_every=100,
+            align=StageConfig(200, 2e-3, 16), instruct=StageConfig(1500, 2e-3, 16), save_every=100,
         ),
     ),
 }

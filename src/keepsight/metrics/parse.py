@@ -13,7 +13,7 @@ ROW_LETTERS = "abcdefghij"  # cells are named like chess squares: row letter + 1
 _WORD_NUM = {w: i for i, w in enumerate(NUMBER_WORDS)}
 _SCENE_RE = re.compile(r"this is an? (\w+) scene")
 _COUNT_RE = re.compile(r"there (?:are|is) (\w+) objects?")
-_OBJ_RE = re.compile(r"\ban? (\w+) (\w+) (\w+) at ([a-z])(\d+)\b")
+_OBJ_RE = re.compile(r"\bat ([a-z])(\d+) an? (\w+) (\w+) (\w+)")
 
 
 def place(row: int, col: int) -> str:
@@ -52,7 +52,7 @@ def parse_description(text: str) -> ParsedDescription:
     if (m := _COUNT_RE.search(text)) and m.group(1) in _WORD_NUM:
         out.count = _WORD_NUM[m.group(1)]
     for m in _OBJ_RE.finditer(text):
-        size, colour, shape, row, col = m.groups()
+        row, col, size, colour, shape = m.groups()
         r = ROW_LETTERS.find(row)
         out.objects.append(Mention(size, colour, shape, r, int(col) - 1 if r >= 0 else -1))
     return out

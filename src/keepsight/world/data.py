@@ -15,7 +15,9 @@ from PIL import Image
 from .config import WorldConfig
 from .render import render
 from .scene import Scene
-from .texts import CAPTION_PROMPT, DESCRIBE_PROMPT, caption, description, open_questions, yes_no_questions
+from .texts import (
+    CAPTION_PROMPT, DESCRIBE_PROMPT, caption, cell_questions, description, open_questions, yes_no_questions,
+)
 
 IGNORE_INDEX = -100
 
@@ -140,11 +142,13 @@ class VisionCollator:
 
 class VLMDataset(torch.utils.data.Dataset):
     """(image, prompt, answer) triples. ``mix`` picks which tasks each scene contributes:
-    "describe", "caption", "yes_no" (two questions, one yes one no, drawn per scene), "open" (one)."""
+    "describe", "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories
+    drawn per scene), "open" (one), "cells" (four "what is at b3 ?" grounding questions)."""
 
-    TASKS = ("describe", "caption", "yes_no", "open")
+    TASKS = ("describe", "caption", "yes_no", "open", "cells")
 
-    def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS, seed: int = 0):
+    def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS, seed: int = 0,
+                 yes_no_categories: int = 2):
         unknown = set(mix) - set(self.TASKS)
         if unknown:
             raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
@@ -158,13 +162,15 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.items.append((i, CAPTION_PROMPT, caption(s)))
             if "yes_no" in mix:
                 qs = yes_no_questions(s, samples.config)
-                cat = int(rng.integers(len(qs) // 2))
-                for q in qs[2 * cat : 2 * cat + 2]:
-                    self.items.append((i, q["question"], q["answer"]))
+                for cat in rng.choice(len(qs) // 2, size=yes_no_categories, replace=False):
+                    for q in qs[2 * cat : 2 * cat + 2]:
+                        self.items.append((i, q["question"], q["answer"]))
             if "open" in mix:
                 qs = open_questions(s)
                 q = qs[int(rng.integers(len(qs)))]
                 self.items.append((i, q["question"], q["answer"]))
+            if "cells" in mix:
+                self.items += [(i, q["question"], q["answer"]) for q in cell_questions(s, samples.config)]
 
     def __len__(self) -> int:
         return len(self.items)

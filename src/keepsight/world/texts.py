@@ -23,7 +23,8 @@ def number_word(n: int) -> str:
 
 
 def object_phrase(o: SceneObject) -> str:
-    return f"a {o.size} {o.colour} {o.shape} at {place(o.row, o.col)}"
+    """The place comes first ("at b3 a small red circle"), so the attributes are read for a named cell."""
+    return f"at {place(o.row, o.col)} a {o.size} {o.colour} {o.shape}"
 
 
 def description(scene: Scene) -> str:
@@ -105,6 +106,22 @@ def open_questions(scene: Scene) -> list[dict]:
     ]
 
 
+def cell_questions(scene: Scene, config: WorldConfig, n: int = 4) -> list[dict]:
+    """Grounding questions "what is at b3 ?" -> "a large red star" (or "nothing" for an empty cell):
+    half about occupied cells, half about any cell. Dense, short supervision for reading one cell."""
+    rng = np.random.default_rng([scene.seed, scene.index, 4])
+    rows, cols = config.grid
+    occupied = [(o.row, o.col) for o in scene.objects]
+    cells = [occupied[int(rng.integers(len(occupied)))] if i % 2 == 0
+             else divmod(int(rng.integers(rows * cols)), cols) for i in range(n)]
+    out = []
+    for r, k in cells:
+        o = scene.object_at(r, k)
+        answer = "nothing" if o is None else f"a {o.size} {o.colour} {o.shape}"
+        out.append({"kind": "cell", "question": f"what is at {place(r, k)} ?", "answer": answer})
+    return out
+
+
 def scene_vocabulary() -> list[str]:
     """Every word any text of any world can use (independent of the difficulty, so tokenizers are shared)."""
     from .config import ALL_COLOURS, ALL_SCENES, ALL_SHAPES, ALL_SIZES, MAX_GRID
@@ -112,7 +129,7 @@ def scene_vocabulary() -> list[str]:
     words = set(NUMBER_WORDS) | set(ALL_SCENES) | set(ALL_SHAPES) | set(ALL_COLOURS) | set(ALL_SIZES)
     words |= {place(r, c) for r in range(MAX_GRID) for c in range(MAX_GRID)}
     for text in (DESCRIBE_PROMPT, CAPTION_PROMPT, "this is a scene . there are is one object objects with",
-                 "a at ? yes no how many what colour shape", "is there a are is the object this scene",
+                 "a at ? yes no how many what colour shape nothing", "is there a are is the object this scene",
                  "user assistant :"):
         words |= set(text.split())
     return sorted(words)

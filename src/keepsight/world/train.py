@@ -154,7 +154,9 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
 
 class VisionPretrainer(nn.Module):
     """A vision tower with per-cell heads: patch features are average-pooled onto the world's grid and
-    classified (shape incl. "empty", colour, size); the CLS feature classifies the scene type."""
+    classified (shape incl. "empty", colour, size, and which cell it is); the CLS feature classifies the
+    scene type. The cell target makes every feature say where it is, as a language model reading the
+    features needs: RoPE alone cannot address the k-th image token from a growing distance."""
 
     def __init__(self, tower: nn.Module, config: WorldConfig):
         super().__init__()
@@ -165,6 +167,7 @@ class VisionPretrainer(nn.Module):
         self.colour_head = nn.Linear(d, len(config.colours))
         self.size_head = nn.Linear(d, len(config.sizes))
         self.scene_head = nn.Linear(d, len(config.scenes))
+        self.cell_head = nn.Linear(d, self.grid[0] * self.grid[1])
 
     def forward(self, pixel_values, shape=None, colour=None, size=None, scene=None):
         h = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, 1 + P, d]
@@ -175,7 +178,7 @@ class VisionPretrainer(nn.Module):
         cells = nn.functional.adaptive_avg_pool2d(grid, self.grid).flatten(2).transpose(1, 2)  # [B, R*C, d]
         logits = {
             "shape": self.shape_head(cells), "colour": self.colour_head(cells),
-            "size": self.size_head(cells), "scene": self.scene_head(cls),
+            "size": self.size_head(cells), "scene": self.scene_head(cls), "cell": self.cell_head(cells),
         }
         out = {"logits_" + k: v for k, v in logits.items()}
         if shape is not None:
@@ -185,6 +188,7 @@ class VisionPretrainer(nn.Module):
                 + ce(logits["colour"].flatten(0, 1), colour.flatten(), ignore_index=IGNORE_INDEX)
                 + ce(logits["size"].flatten(0, 1), size.flatten(), ignore_index=IGNORE_INDEX)
                 + ce(logits["scene"], scene)
+                + ce(logits["cell"].flatten(0, 1), torch.arange(cells.shape[1], device=h.device).repeat(b))
             )
         return out
 
