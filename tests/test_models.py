@@ -5,7 +5,9 @@ from keepsight.world import description, generate, render, world_config
 from keepsight.world.data import chat_example
 from keepsight.world.models import PRESETS, build_model, get_preset, qwen3vl_inputs
 from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
-from keepsight.world.texts import CAPTION_PROMPT, DESCRIBE_PROMPT, caption, open_questions, yes_no_questions
+from keepsight.world.texts import (
+    CAPTION_PROMPT, DESCRIBE_PROMPT, caption, cell_questions, open_questions, yes_no_questions,
+)
 
 
 def test_tokenizer_covers_every_world_text_without_unk():
@@ -15,7 +17,7 @@ def test_tokenizer_covers_every_world_text_without_unk():
         for s in generate(cfg, 40, seed=0):
             texts = [description(s), caption(s), DESCRIBE_PROMPT, CAPTION_PROMPT]
             texts += [q["question"] for q in yes_no_questions(s, cfg) + open_questions(s)]
-            texts += [q["answer"] for q in open_questions(s)]
+            texts += [q[k] for q in open_questions(s) + cell_questions(s, cfg) for k in ("question", "answer")]
             for t in texts:
                 ids = tok(t)["input_ids"]
                 assert tok.unk_token_id not in ids, t

@@ -7,7 +7,9 @@ from keepsight.world import build_world, description, generate, load_world, pars
 from keepsight.world.config import DIFFICULTIES, WorldConfig
 from keepsight.world.dataset import read_world
 from keepsight.world.render import png_bytes, render
-from keepsight.world.texts import YES_NO_CATEGORIES, caption, open_questions, place, yes_no_questions
+from keepsight.world.texts import (
+    YES_NO_CATEGORIES, caption, cell_questions, open_questions, place, yes_no_questions,
+)
 
 
 def _digest(path):
@@ -122,6 +124,16 @@ def test_open_answers_match_scene_graph():
                 assert at[w[6]].shape == q["answer"]
             else:
                 assert q["answer"] == s.scene
+
+
+def test_cell_questions_name_what_is_there():
+    cfg = world_config()
+    for s in generate(cfg, 50, seed=5):
+        at = {place(o.row, o.col): o for o in s.objects}
+        for q in cell_questions(s, cfg):
+            cell = q["question"].split()[3]
+            o = at.get(cell)
+            assert q["answer"] == ("nothing" if o is None else f"a {o.size} {o.colour} {o.shape}")
 
 
 def test_load_world_returns_a_dataset(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 from . import __version__
 from .report.html import fmt, img_tag, table, write_report
 from .report.plots import plot_accuracy_by_index
+from .report.summary import summary_markdown
 from .world.config import WorldConfig, world_config
 from .world.data import WorldSamples
 from .world.dataset import generate
@@ -47,7 +48,7 @@ PROFILES = {
         name="full", n_train=4000, n_eval=200, n_dilution=150,
         train=TrainConfig(
             lm=StageConfig(250, 3e-3, 32), vision=StageConfig(400, 2e-3, 32),
-            align=StageConfig(200, 2e-3, 16), instruct=StageConfig(1500, 2e-3, 16), save_every=100,
+            align=StageConfig(200, 2e-3, 16), instruct=StageConfig(4000, 2e-3, 16), save_every=200,
         ),
     ),
 }
@@ -141,6 +142,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
                                   f"base model, scenes with {k} objects (n={len(dil_set)})")
     write_report(out / "report.html", f"keepsight demo ({profile.name})",
                  _base_sections(results, eval_set, plot), results)
+    print(summary_markdown(results), flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
 

@@ -143,12 +143,14 @@ class VisionCollator:
 class VLMDataset(torch.utils.data.Dataset):
     """(image, prompt, answer) triples. ``mix`` picks which tasks each scene contributes:
     "describe", "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories
-    drawn per scene), "open" (one), "cells" (four "what is at b3 ?" grounding questions)."""
+    drawn per scene), "open" (one), "cells" (four "what is at b3 ?" grounding questions).
+    ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
+    kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS, seed: int = 0,
-                 yes_no_categories: int = 2):
+                 yes_no_categories: int = 2, describe_repeats: int = 1):
         unknown = set(mix) - set(self.TASKS)
         if unknown:
             raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
@@ -157,7 +159,7 @@ class VLMDataset(torch.utils.data.Dataset):
         self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
-                self.items.append((i, DESCRIBE_PROMPT, description(s)))
+                self.items += [(i, DESCRIBE_PROMPT, description(s))] * describe_repeats
             if "caption" in mix:
                 self.items.append((i, CAPTION_PROMPT, caption(s)))
             if "yes_no" in mix:
@@ -171,6 +173,8 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.items.append((i, q["question"], q["answer"]))
             if "cells" in mix:
                 self.items += [(i, q["question"], q["answer"]) for q in cell_questions(s, samples.config)]
+        # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
+        self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 
     def __len__(self) -> int:
         return len(self.items)

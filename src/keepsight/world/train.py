@@ -117,6 +117,17 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
     splitting a long stage over several invocations. Returns the log history and the global step.
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class LengthAwareTrainer(Trainer):
+        """Batches of similar length when the dataset knows its items' lengths (``dataset.lengths``):
+        short QA items are not padded to the length of a long description."""
+
+        def _get_train_sampler(self, train_dataset=None):
+            ds = train_dataset if train_dataset is not None else self.train_dataset
+            if getattr(ds, "lengths", None) is not None:
+                return LengthGroupedSampler(self.args.train_batch_size, lengths=list(ds.lengths))
+            return super()._get_train_sampler(train_dataset)
 
     class StopAt(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -146,7 +157,7 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
         remove_unused_columns=False,
         disable_tqdm=not progress,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
+    trainer = LengthAwareTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
                       callbacks=[StopAt()])
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(ckpt_dir))
     return [dict(h) for h in trainer.state.log_history], trainer.state.global_step
@@ -257,8 +268,11 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
         save = lambda d: model.tower.save_pretrained(d)  # noqa: E731
     else:
         model = _vlm_for_stage(stage, out, preset, tok, seed)
-        mix = ("describe", "caption") if stage == "align" else VLMDataset.TASKS
-        logs, step = run_trainer(model, VLMDataset(samples, mix, seed), VLMCollator(processor), st, ckpts, seed,
+        if stage == "align":
+            data = VLMDataset(samples, ("describe", "caption"), seed)
+        else:  # about a quarter of the steps on descriptions, the rest on short QA / grounding
+            data = VLMDataset(samples, VLMDataset.TASKS, seed, describe_repeats=3)
+        logs, step = run_trainer(model, data, VLMCollator(processor), st, ckpts, seed,
                            train_cfg.save_every, stop_after, progress)
         save = lambda d: (model.save_pretrained(d), processor.save_pretrained(d))  # noqa: E731
     if step < st.steps:

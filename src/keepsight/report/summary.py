@@ -1,0 +1,42 @@
+"""A Markdown summary of ``results.json`` (printed at the end of ``keepsight demo``; README's tables)."""
+
+from __future__ import annotations
+
+
+def _f(x, d: int = 2) -> str:
+    return "–" if x is None else f"{x:.{d}f}"
+
+
+def summary_markdown(results: dict) -> str:
+    b = results["base"]
+    yn = b["yes_no"]["categories"]
+    lines = [
+        f"Base model ({results['profile']} profile, world max {results['world']['max_objects']} objects), "
+        "held-out yes/no (chance 0.50):",
+        "",
+        "| category | acc | acc+ |",
+        "| --- | --- | --- |",
+        *[f"| {c} | {_f(v['acc'])} | {_f(v['acc_plus'])} |" for c, v in yn.items()],
+        f"| all | {_f(b['yes_no']['overall_acc'])} | |",
+        "",
+        "| description metric | value |",
+        "| --- | --- |",
+    ]
+    ch = b["descriptions"]["chair"]
+    for k in ("chair_i", "chair_s", "hallucination_rate", "attribute_error_rate", "object_recall", "exact_recall"):
+        lines.append(f"| {k} | {_f(ch[k], 3)} |")
+    lines.append(f"| open answers (exact) | {', '.join(f'{k} {_f(v)}' for k, v in b['open'].items())} |")
+    dil = b["dilution"]
+    rows = dil["by_index"]
+    lines += [
+        "",
+        f"Accuracy by object index, scenes with {dil['n_objects']} objects (n = {rows[0]['n']}):",
+        "",
+        "| index | " + " | ".join(str(r["index"] + 1) for r in rows) + " |",
+        "| --- | " + " | ".join("---" for _ in rows) + " |",
+    ]
+    for f in ("named", "colour", "shape", "size", "exact", "colour_counter_prior", "shape_counter_prior"):
+        lines.append(f"| {f.replace('_', ' ')} | " + " | ".join(_f(r[f]) for r in rows) + " |")
+    lines.append("")
+    lines.append(f"Slope per index step: exact {_f(dil['slope_exact'], 4)}, colour {_f(dil['slope_colour'], 4)}.")
+    return "\n".join(lines)
