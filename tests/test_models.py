@@ -3,7 +3,7 @@ import torch
 
 from keepsight.world import description, generate, render, world_config
 from keepsight.world.data import chat_example
-from keepsight.world.models import PRESETS, build_model, get_preset, qwen3vl_inputs
+from keepsight.world.models import PRESETS, build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
 from keepsight.world.texts import (
     CAPTION_PROMPT, DESCRIBE_PROMPT, caption, cell_questions, open_questions, yes_no_questions,
@@ -81,7 +81,7 @@ def test_tiny_model_save_reload_same_logits(preset, processor, tmp_path):
     images = [render(s, cfg.noise_std) for s in generate(cfg, 2, seed=0)]
     prompt = chat_example(processor, DESCRIBE_PROMPT)
     if get_preset(preset).arch == "llava":
-        inputs = processor(text=[prompt] * 2, images=images, return_tensors="pt")
+        inputs = preset_processor(preset)(text=[prompt] * 2, images=images, return_tensors="pt")
     else:
         from transformers import Qwen2VLImageProcessorPil
 

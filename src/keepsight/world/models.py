@@ -47,6 +47,14 @@ def get_preset(name: str) -> TinyPreset:
     return PRESETS[name]
 
 
+def preset_processor(preset: str | TinyPreset):
+    """The ``LlavaProcessor`` matching a LLaVA preset's image and patch size."""
+    from .processor import build_processor
+
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    return build_processor(p.image_size, p.patch_size)
+
+
 def text_config(preset: TinyPreset, tokenizer):
     """The Qwen3 text config shared by the text-only LM and the VLM's language model."""
     from transformers import Qwen3Config

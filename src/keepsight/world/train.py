@@ -34,8 +34,7 @@ from .data import (
     VLMDataset,
     WorldSamples,
 )
-from .models import PRESETS, build_model, get_preset, text_config, vision_config
-from .processor import build_processor
+from .models import PRESETS, build_model, get_preset, preset_processor, text_config, vision_config
 
 STAGES = ("lm", "vision", "align", "instruct")
 REQUIRES = {"lm": (), "vision": (), "align": ("lm", "vision"), "instruct": ("align",)}
@@ -246,7 +245,7 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
     if samples.config.image_size != preset.image_size:
         raise ValueError(f"world image_size {samples.config.image_size} != preset {train_cfg.preset} "
                          f"image_size {preset.image_size}")
-    processor = build_processor(preset.image_size, preset.patch_size)
+    processor = preset_processor(preset)
     tok = processor.tokenizer
     st: StageConfig = getattr(train_cfg, stage)
     seed = train_cfg.seed + STAGES.index(stage)
