@@ -6,7 +6,12 @@ from keepsight.world.data import chat_example
 from keepsight.world.models import PRESETS, build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
 from keepsight.world.texts import (
-    CAPTION_PROMPT, DESCRIBE_PROMPT, caption, cell_questions, open_questions, yes_no_questions,
+    CAPTION_PROMPT,
+    DESCRIBE_PROMPT,
+    caption,
+    cell_questions,
+    open_questions,
+    yes_no_questions,
 )
 
 

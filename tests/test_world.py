@@ -8,7 +8,12 @@ from keepsight.world.config import DIFFICULTIES, WorldConfig
 from keepsight.world.dataset import read_world
 from keepsight.world.render import png_bytes, render
 from keepsight.world.texts import (
-    YES_NO_CATEGORIES, caption, cell_questions, open_questions, place, yes_no_questions,
+    YES_NO_CATEGORIES,
+    caption,
+    cell_questions,
+    open_questions,
+    place,
+    yes_no_questions,
 )
 
 

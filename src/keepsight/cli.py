@@ -32,7 +32,7 @@ def cmd_world_build(args) -> int:
 def cmd_world_train(args) -> int:
     from .world.data import WorldSamples
     from .world.dataset import generate, read_world
-    from .world.train import STAGES, TrainConfig, train_base, train_stage
+    from .world.train import STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
 
     if args.data:
         cfg, records = read_world(args.data)

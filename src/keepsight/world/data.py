@@ -16,7 +16,13 @@ from .config import WorldConfig
 from .render import render
 from .scene import Scene
 from .texts import (
-    CAPTION_PROMPT, DESCRIBE_PROMPT, caption, cell_questions, description, open_questions, yes_no_questions,
+    CAPTION_PROMPT,
+    DESCRIBE_PROMPT,
+    caption,
+    cell_questions,
+    description,
+    open_questions,
+    yes_no_questions,
 )
 
 IGNORE_INDEX = -100

@@ -37,25 +37,26 @@ def _padding(tokenizer, side: str):
         tokenizer.padding_side = old
 
 
-def _batches(n: int, size: int):
-    for i in range(0, n, size):
-        yield slice(i, min(i + size, n))
+def _encoded_batches(model, processor, prompts: list[str], images: list, batch_size: int, side: str):
+    """Chat-formatted, padded (on ``side``) processor batches on the model's device."""
+    tok = processor.tokenizer
+    device = next(model.parameters()).device
+    with _padding(tok, side):
+        for i in range(0, len(prompts), batch_size):
+            texts = [chat_example(processor, p) for p in prompts[i : i + batch_size]]
+            yield processor(text=texts, images=images[i : i + batch_size], return_tensors="pt",
+                            padding=True).to(device)
 
 
 @torch.no_grad()
 def next_token_answers(model, processor, prompts: list[str], images: list, batch_size: int = 64) -> list[str]:
     """Greedy first answer token for each (prompt, image) (one forward pass, right padding)."""
     out: list[str] = []
-    tok = processor.tokenizer
-    device = next(model.parameters()).device
-    with _padding(tok, "right"):
-        for sl in _batches(len(prompts), batch_size):
-            texts = [chat_example(processor, p) for p in prompts[sl]]
-            enc = processor(text=texts, images=images[sl], return_tensors="pt", padding=True).to(device)
-            logits = model(**enc).logits  # [B, T, V]
-            last = enc["attention_mask"].sum(1) - 1  # [B]
-            ids = logits[torch.arange(len(last)), last].argmax(-1)
-            out += tok.batch_decode(ids[:, None], skip_special_tokens=True)
+    for enc in _encoded_batches(model, processor, prompts, images, batch_size, "right"):
+        logits = model(**enc).logits  # [B, T, V]
+        last = enc["attention_mask"].sum(1) - 1  # [B]: last real token of each row
+        ids = logits[torch.arange(len(last)), last].argmax(-1)
+        out += processor.tokenizer.batch_decode(ids[:, None], skip_special_tokens=True)
     return [o.strip() for o in out]
 
 
@@ -65,14 +66,10 @@ def generate_answers(model, processor, prompts: list[str], images: list, max_new
     """Greedy generations (left padding, KV cache) for each (prompt, image)."""
     out: list[str] = []
     tok = processor.tokenizer
-    device = next(model.parameters()).device
-    with _padding(tok, "left"):
-        for sl in _batches(len(prompts), batch_size):
-            texts = [chat_example(processor, p) for p in prompts[sl]]
-            enc = processor(text=texts, images=images[sl], return_tensors="pt", padding=True).to(device)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    for enc in _encoded_batches(model, processor, prompts, images, batch_size, "left"):
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return [o.strip() for o in out]
 
 

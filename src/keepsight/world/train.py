@@ -214,14 +214,14 @@ def stage_done(out: Path, stage: str) -> bool:
     return (_stage_dirs(Path(out), stage)[0] / DONE_FILE).is_file()
 
 
-def _finish(out: Path, stage: str, save, logs: list[dict], extra: dict | None = None) -> None:
+def _finish(out: Path, stage: str, save, logs: list[dict]) -> None:
     final, ckpts = _stage_dirs(out, stage)
 
     def write(tmp: Path) -> None:
         save(tmp)
         losses = [h["loss"] for h in logs if "loss" in h]
         info = {"stage": stage, "log_history": logs, "first_loss": losses[0] if losses else None,
-                "last_loss": losses[-1] if losses else None, **(extra or {})}
+                "last_loss": losses[-1] if losses else None}
         (tmp / DONE_FILE).write_text(json.dumps(info, indent=2))
 
     atomic_save_dir(final, write)
