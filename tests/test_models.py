@@ -92,6 +92,8 @@ def test_tiny_model_save_reload_same_logits(preset, processor, tmp_path):
 
         ip = Qwen2VLImageProcessorPil(min_pixels=64 * 64, max_pixels=64 * 64, patch_size=8, merge_size=2)
         inputs = qwen3vl_inputs(ip, tok, [prompt] * 2, images)
+        if get_preset(preset).arch == "qwen2_5_vl":
+            inputs.pop("mm_token_type_ids")
     with torch.no_grad():
         logits = model(**inputs).logits
     model.save_pretrained(tmp_path)

@@ -16,7 +16,7 @@ import torch
 class TinyPreset:
     """Sizes of a tiny VLM. ``vision_*`` describe the tower, ``text_*`` the language model."""
 
-    arch: str  # "llava" | "qwen3vl"
+    arch: str  # "llava" | "qwen3vl" | "qwen2_5_vl"
     image_size: int = 64
     patch_size: int = 16  # = the default world's cell size: one patch token per grid cell
     vision_hidden: int = 96
@@ -38,6 +38,7 @@ PRESETS: dict[str, TinyPreset] = {
     "tiny-llava-6l": TinyPreset(arch="llava", text_layers=6),
     "tiny-qwen3vl": TinyPreset(arch="qwen3vl", patch_size=8, vision_hidden=64, vision_layers=2),
     "tiny-llava-p8": TinyPreset(arch="llava", patch_size=8),  # 65 image tokens (4 per cell)
+    "tiny-qwen25vl": TinyPreset(arch="qwen2_5_vl", patch_size=8, vision_hidden=64, vision_layers=2),
 }
 
 
@@ -129,6 +130,27 @@ def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.
             tie_word_embeddings=False,
         )
         model = Qwen3VLForConditionalGeneration(cfg)
+    elif p.arch == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+        tc = text_config(p, tokenizer).to_dict()
+        tc["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": _mrope_section(p.text_hidden // p.text_heads)}
+        cfg = Qwen2_5_VLConfig(
+            text_config=tc,
+            vision_config=dict(
+                depth=p.vision_layers, hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 2,
+                num_heads=p.vision_heads, patch_size=p.patch_size, spatial_merge_size=2,
+                temporal_patch_size=2, out_hidden_size=p.text_hidden, window_size=2 * p.patch_size * 2,
+                fullatt_block_indexes=[p.vision_layers - 1],
+            ),
+            image_token_id=tokenizer.image_token_id,
+            video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
+            vision_start_token_id=tokenizer.convert_tokens_to_ids("<vision_start>"),
+            vision_end_token_id=tokenizer.convert_tokens_to_ids("<vision_end>"),
+            tie_word_embeddings=False,
+        )
+        model = Qwen2_5_VLForConditionalGeneration(cfg)
     else:  # pragma: no cover - presets are validated above
         raise ValueError(f"unknown architecture {p.arch!r}")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -145,7 +167,7 @@ def _mrope_section(head_dim: int) -> list[int]:
 
 
 def qwen3vl_inputs(image_processor, tokenizer, prompts: list[str], images: list) -> dict:
-    """Model inputs for ``tiny-qwen3vl`` (what ``Qwen3VLProcessor`` does; that class needs torchvision
+    """Model inputs for ``tiny-qwen3vl`` / ``tiny-qwen25vl`` (what ``Qwen3VLProcessor`` does; it needs torchvision
     for its video half, which the CPU install here lacks). Each ``<image>`` in a prompt becomes
     ``<vision_start> <image>*n <vision_end>`` with n = patches / merge**2; ``mm_token_type_ids`` marks
     image tokens with 1."""
