@@ -18,6 +18,9 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys)
     html = (out / "report.html").read_text()
     assert "Dilution: accuracy by object index" in html and "data:image/png;base64" in html
     assert (out / "dilution.png").stat().st_size > 1000
+    diag = base["diagnosis"]
+    assert len(diag["omega_v_by_layer"]) == 4 and diag["steps"] >= 1
+    assert "Dilution diagnostics" in html and (out / "diagnosis" / "omega_v_loglog.png").is_file()
     assert res["base"]["yes_no"] == base["yes_no"]
     # second run: the model is reused from the cache (keyed by config + data), only evaluation runs
     t0 = time.time()

@@ -120,3 +120,31 @@ def test_logit_lens_matches_direct_computation(preset, processor):
     ids, steps = lens.generate(inputs, max_new_tokens=3)
     assert len(steps) == 3 and ids.shape[1] == inputs["input_ids"].shape[1] + 3
     assert all(torch.all(s["rank"][-1] == 0) for s in steps)
+
+
+def test_diagnose_cli_writes_json_and_plots(processor, tmp_path):
+    import json
+
+    from keepsight.cli import main
+    from keepsight.world import build_world
+
+    model = build_model("tiny-llava", processor.tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(tmp_path / "m")
+    build_world(tmp_path / "w", world_config(), 5, seed=1, n_objects=6)
+    argv = ["diagnose", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "w"), "--max-new-tokens", "12",
+            "--batch-size", "2", "--out", str(tmp_path / "d")]
+    assert main(argv) == 0
+    d = json.loads((tmp_path / "d" / "diagnosis.json").read_text())
+    n_layers = model.config.text_config.num_hidden_layers
+    assert d["n_samples"] == 5 and d["steps"] == len(d["t"]) == len(d["omega_v"]) <= 12
+    assert len(d["omega_v_by_layer"]) == n_layers and len(d["slope_by_layer"]) == n_layers
+    assert all(0 < x < 1 for x in d["omega_v"])
+    # t counts the text tokens in context: it grows by one each step
+    if min(d["rows_active"]) == 5:  # no row ended early
+        assert all(abs(b - a - 1) < 1e-6 for a, b in zip(d["t"], d["t"][1:]))
+    assert all(0 <= c < n_layers for c in d["convergence_layer"])
+    for name in ("omega_v_loglog.png", "tvr.png", "omega_v_heatmap.png", "logit_lens.png"):
+        assert (tmp_path / "d" / name).stat().st_size > 1000
+    assert main(["diagnose", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "w"), "--prompt", "poem",
+                 "--out", str(tmp_path / "d2")]) == 2

@@ -88,6 +88,31 @@ def cmd_world_eval(args) -> int:
     return 0
 
 
+def cmd_diagnose(args) -> int:
+    from pathlib import Path
+
+    from .report.plots import plot_diagnosis
+    from .world.data import WorldSamples
+    from .world.dataset import read_world
+    from .world.diagnose import diagnose
+    from .world.evaluate import load_vlm
+
+    cfg, records = read_world(args.data)
+    samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
+    model, processor = load_vlm(args.model)
+    diag = diagnose(model, processor, samples, args.prompt, args.max_new_tokens, args.batch_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "diagnosis.json.tmp"
+    tmp.write_text(json.dumps(diag, indent=2))
+    tmp.replace(out / "diagnosis.json")
+    plot_diagnosis(diag, out)
+    slope = "n/a" if diag["slope"] is None else f"{diag['slope']:.3f}"
+    print(f"Omega_V slope (log-log, generated steps) {slope}; TVR plateau {diag['tvr_plateau']:.2f}; "
+          f"mean LogitLens convergence layer {diag['convergence_layer_mean']:.2f}; wrote {out}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -134,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
     e.add_argument("--out", help="write the scores as JSON here")
     e.set_defaults(func=cmd_world_eval)
+
+    g = sub.add_parser("diagnose", help="visual attention mass, TVR and LogitLens while generating")
+    g.add_argument("--model", required=True)
+    g.add_argument("--data", required=True, help="a world directory")
+    g.add_argument("--prompt", default="blind-painter", help="blind-painter: the long description prompt")
+    g.add_argument("--max-new-tokens", type=int, help="default: enough for the world's largest scene")
+    g.add_argument("--limit", type=int, default=32, help="number of scenes (default 32)")
+    g.add_argument("--batch-size", type=int, default=32)
+    g.add_argument("--out", required=True, help="directory for diagnosis.json and the plots")
+    g.set_defaults(func=cmd_diagnose)
 
     d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")
     d.add_argument("--smoke", action="store_true", help="a ~1 minute run with tiny budgets")

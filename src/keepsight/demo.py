@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .report.html import fmt, img_tag, table, write_report
-from .report.plots import plot_accuracy_by_index
+from .report.plots import plot_accuracy_by_index, plot_diagnosis
 from .report.summary import summary_markdown
 from .world.config import WorldConfig, world_config
 from .world.data import WorldSamples
@@ -113,6 +113,11 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     desc = evaluate_descriptions(model, processor, eval_set)
     log(f"evaluating: dilution curve on {len(dil_set)} scenes with {k} objects")
     dil = evaluate_descriptions(model, processor, dil_set)
+    log(f"diagnosing: attention mass, TVR and LogitLens while describing {min(32, len(dil_set))} scenes")
+    from .world.diagnose import diagnose
+
+    diag_set = WorldSamples(cfg, dil_set.scenes[:32], dil_set.images[:32])
+    diag = diagnose(model, processor, diag_set)
     timings["eval_s"] = time.time() - t1
 
     samples = [
@@ -131,6 +136,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
             "open": open_acc,
             "descriptions": {k2: v for k2, v in desc.items() if k2 != "texts"},
             "dilution": {"n_objects": k, **{k2: v for k2, v in dil.items() if k2 != "texts"}},
+            "diagnosis": diag,
             "samples": samples,
         },
         "timings": {**timings, "total_s": time.time() - t0},
@@ -140,8 +146,9 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     tmp.replace(out / "results.json")
     plot = plot_accuracy_by_index(dil["by_index"], out / "dilution.png",
                                   f"base model, scenes with {k} objects (n={len(dil_set)})")
+    diag_plots = plot_diagnosis(diag, out / "diagnosis", f"base model, {k} objects")
     write_report(out / "report.html", f"keepsight demo ({profile.name})",
-                 _base_sections(results, eval_set, plot), results)
+                 _base_sections(results, eval_set, plot) + [_diagnosis_section(diag, diag_plots)], results)
     print(summary_markdown(results), flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
@@ -186,3 +193,20 @@ def _base_sections(results: dict, eval_set: WorldSamples, plot: Path) -> list[tu
            f"{fmt(dil['slope_colour'], 4)}, counter-prior colour {fmt(dil['slope_colour_counter_prior'], 4)}.</p>"),
         ("Samples", samples),
     ]
+
+
+def _diagnosis_section(diag: dict, plots: dict[str, Path]) -> tuple[str, str]:
+    n = len(diag["slope_by_layer"])
+    rows = [[f"layer {i}", diag["slope_by_layer"][i], diag["tvr_by_layer"][i][-1], diag["top1_agree_by_layer"][i],
+             diag["kl_by_layer"][i]] for i in range(n)]
+    body = (
+        f"<p>Generating the long description for {diag['n_samples']} scenes (greedy, up to "
+        f"{diag['max_new_tokens']} tokens). Omega_V against the number of text tokens t in context: "
+        f"fitted log-log slope <b>{fmt(diag['slope'])}</b> (paper: about -1); TVR plateau (median of the "
+        f"last quarter of steps) <b>{fmt(diag['tvr_plateau'], 1)}</b> (paper: near 1e2); mean LogitLens "
+        f"convergence layer {fmt(diag['convergence_layer_mean'], 2)} of {n}.</p>"
+        + "".join(img_tag(p.read_bytes(), name) for name, p in plots.items())
+        + table(["layer", "Omega_V slope", "TVR at last step", "LogitLens top-1 agreement", "KL(final||layer)"],
+                rows)
+    )
+    return ("Dilution diagnostics: visual attention mass, TVR, LogitLens", body)

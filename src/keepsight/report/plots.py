@@ -30,3 +30,72 @@ def plot_accuracy_by_index(rows: list[dict], path: str | Path, title: str,
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str, Path]:
+    """Four PNGs from ``keepsight.world.diagnose.diagnose``: Omega_V(t) log-log with the fitted slope,
+    TVR(t), a layer x step heatmap of Omega_V, and LogitLens agreement / KL per layer."""
+    import math
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    t, om = diag["t"], diag["omega_v"]
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.6), dpi=110)
+    ax.loglog(t, om, marker=".", label="Omega_V (mean over layers, heads)")
+    if diag["slope"] is not None and len(t) > 1:
+        # line through the geometric mean of the generated steps with the fitted slope
+        lx = sum(math.log(x) for x in t[1:]) / len(t[1:])
+        ly = sum(math.log(y) for y in om[1:]) / len(om[1:])
+        ax.loglog(t[1:], [math.exp(ly + diag["slope"] * (math.log(x) - lx)) for x in t[1:]], "--",
+                  label=f"fit: slope {diag['slope']:.2f} (paper ~ -1)")
+    ax.set_xlabel("text tokens in context t")
+    ax.set_ylabel("visual attention mass")
+    ax.set_title(title or "Omega_V(t)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    paths["omega"] = out_dir / "omega_v_loglog.png"
+    fig.savefig(paths["omega"])
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.6), dpi=110)
+    for layer, row in enumerate(diag["tvr_by_layer"]):
+        ax.semilogy(t, row, label=f"layer {layer}")
+    ax.set_xlabel("text tokens in context t")
+    ax.set_ylabel("TVR = Z_T / Z_V")
+    ax.set_title("text-to-vision ratio (paper: plateau near 1e2)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    paths["tvr"] = out_dir / "tvr.png"
+    fig.savefig(paths["tvr"])
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 2.8), dpi=110)
+    im = ax.imshow(diag["omega_v_by_layer"], aspect="auto", origin="lower", cmap="viridis")
+    ax.set_xlabel("generation step")
+    ax.set_ylabel("decoder layer")
+    ax.set_title("Omega_V by layer and step")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    paths["heatmap"] = out_dir / "omega_v_heatmap.png"
+    fig.savefig(paths["heatmap"])
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.2), dpi=110)
+    layers = list(range(len(diag["kl_by_layer"])))
+    ax.bar(layers, diag["top1_agree_by_layer"], color="tab:blue", label="top-1 agrees with final")
+    ax2 = ax.twinx()
+    ax2.plot(layers, diag["kl_by_layer"], "o-", color="tab:red", label="KL(final || layer)")
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("agreement")
+    ax2.set_ylabel("KL (nats)")
+    ax.set_title(f"LogitLens (mean convergence layer {diag['convergence_layer_mean']:.2f})")
+    fig.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    paths["logit_lens"] = out_dir / "logit_lens.png"
+    fig.savefig(paths["logit_lens"])
+    plt.close(fig)
+    return paths

@@ -39,4 +39,21 @@ def summary_markdown(results: dict) -> str:
         lines.append(f"| {f.replace('_', ' ')} | " + " | ".join(_f(r[f]) for r in rows) + " |")
     lines.append("")
     lines.append(f"Slope per index step: exact {_f(dil['slope_exact'], 4)}, colour {_f(dil['slope_colour'], 4)}.")
+    dg = b.get("diagnosis")
+    if dg:
+        lines += [
+            "",
+            f"Attention while describing {dg['n_samples']} scenes with {dil['n_objects']} objects "
+            "(paper: slope about -1, TVR plateau near 1e2, strongest in middle layers):",
+            "",
+            "| measure | all layers | " + " | ".join(f"layer {i}" for i in range(len(dg["slope_by_layer"]))) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in dg["slope_by_layer"]) + " |",
+            f"| Omega_V log-log slope | {_f(dg['slope'])} | " + " | ".join(_f(x) for x in dg["slope_by_layer"]) + " |",
+            f"| TVR at last step | {_f(dg['tvr'][-1], 1)} | "
+            + " | ".join(_f(r[-1], 1) for r in dg["tvr_by_layer"]) + " |",
+            "| LogitLens top-1 agreement | | " + " | ".join(_f(x) for x in dg["top1_agree_by_layer"]) + " |",
+            "",
+            f"TVR plateau (median, last quarter of steps) {_f(dg['tvr_plateau'], 1)}; mean LogitLens "
+            f"convergence layer {_f(dg['convergence_layer_mean'])}.",
+        ]
     return "\n".join(lines)
