@@ -113,6 +113,14 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    if args.name == "probe-overhead":
+        from .bench.probe_overhead import run
+
+        run(args.out, batch=args.batch, new_tokens=args.new_tokens, repeats=args.repeats)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -169,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--out", required=True, help="directory for diagnosis.json and the plots")
     g.set_defaults(func=cmd_diagnose)
+
+    bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
+    bn.add_argument("name", choices=["probe-overhead"])
+    bn.add_argument("--out", default="runs/bench")
+    bn.add_argument("--batch", type=int, default=8)
+    bn.add_argument("--new-tokens", type=int, default=128)
+    bn.add_argument("--repeats", type=int, default=3)
+    bn.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")
     d.add_argument("--smoke", action="store_true", help="a ~1 minute run with tiny budgets")

@@ -123,11 +123,11 @@ class VisualAttentionProbe:
         # query [B, H, Tq, D], key [B, Hkv, Tk, D] (RoPE applied, GQA not yet expanded)
         q = query[:, :, -1].float()  # [B, H, D]
         b, h, d = q.shape
-        k = key.float()
-        rep = h // k.shape[1]
-        k = k.repeat_interleave(rep, dim=1)  # [B, H, Tk, D]
+        k = key.float()  # [B, Hkv, Tk, D]
+        kv = k.shape[1]
         scale = scaling if scaling is not None else d**-0.5
-        scores = torch.einsum("bhd,bhtd->bht", q, k) * scale  # [B, H, Tk]
+        # grouped heads without copying the keys: [B, Hkv, rep, D] x [B, Hkv, Tk, D] -> [B, H, Tk]
+        scores = torch.einsum("bgrd,bgtd->bgrt", q.view(b, kv, h // kv, d), k).reshape(b, h, -1) * scale
         if scores.shape[-1] != self._visual.shape[1]:
             raise RuntimeError(f"layer {layer}: {scores.shape[-1]} keys but {self._visual.shape[1]} tracked tokens")
         neg = torch.finfo(scores.dtype).min

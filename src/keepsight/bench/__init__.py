@@ -1,0 +1,1 @@
+"""Benchmarks: printed tables + JSON, never timed tests."""
