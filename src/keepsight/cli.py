@@ -118,6 +118,10 @@ def cmd_bench(args) -> int:
         from .bench.probe_overhead import run
 
         run(args.out, batch=args.batch, new_tokens=args.new_tokens, repeats=args.repeats)
+    elif args.name == "pvm-decode":
+        from .bench.pvm_decode import run
+
+        run(args.out, batch=args.batch, new_tokens=args.new_tokens, repeats=args.repeats)
     return 0
 
 
@@ -179,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_diagnose)
 
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
-    bn.add_argument("name", choices=["probe-overhead"])
+    bn.add_argument("name", choices=["probe-overhead", "pvm-decode"])
     bn.add_argument("--out", default="runs/bench")
     bn.add_argument("--batch", type=int, default=8)
     bn.add_argument("--new-tokens", type=int, default=128)
