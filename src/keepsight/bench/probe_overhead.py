@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from ..world import generate, render, world_config
 from ..world.data import chat_example
 from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT
+from . import write_result
 
 SIZES = {
     "tiny": PRESETS["tiny-llava"],
@@ -54,8 +54,5 @@ def run(out: str | Path = "runs/bench", batch: int = 8, new_tokens: int = 128, r
     print(f"{'model':6s} {'params':>10s} {'plain s':>9s} {'probe s':>9s} {'ratio':>6s}  (target < 1.3)")
     for r in rows:
         print(f"{r['model']:6s} {r['params']:>10,d} {r['plain_s']:9.3f} {r['probe_s']:9.3f} {r['ratio']:6.2f}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_overhead.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out / 'probe_overhead.json'}")
+    write_result(out, "probe_overhead", result)
     return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from PIL import Image
 from ..pvm import PVMConfig, attach_pvm, detach_pvm
 from ..world.models import PRESETS, build_model, qwen3vl_inputs
 from ..world.processor import build_tokenizer
+from . import write_result
 
 MID = replace(PRESETS["tiny-qwen3vl"], image_size=256, text_hidden=512, text_layers=12, text_heads=8,
               text_kv_heads=4, text_intermediate=1536)  # 256 visual tokens after the 2x2 merge
@@ -65,8 +65,5 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 64, re
     print(f"{'':8s} {'ms/token':>9s}")
     print(f"{'base':8s} {plain * 1e3:9.2f}")
     print(f"{'+ PVM':8s} {pvm * 1e3:9.2f}   overhead {result['overhead']:+.1%} (target <= 5%)")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pvm_decode.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out / 'pvm_decode.json'}")
+    write_result(out, "pvm_decode", result)
     return result

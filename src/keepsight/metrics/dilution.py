@@ -51,12 +51,18 @@ def accuracy_by_index(descriptions: Sequence[str], scenes: Sequence) -> list[dic
     return out
 
 
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Slope of the least-squares line through (xs, ys); None with < 2 points or no spread in x."""
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} x values but {len(ys)} y values")
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+
+
 def slope(rows: list[dict], field: str = "exact") -> float | None:
     """Least-squares slope of ``field`` against the index (per object step); None if < 2 points."""
     pts = [(r["index"], r[field]) for r in rows if r.get(field) is not None]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    den = sum((x - mx) ** 2 for x, _ in pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / den if den else None
+    return least_squares_slope([x for x, _ in pts], [y for _, y in pts])

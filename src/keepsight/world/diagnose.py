@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..metrics import least_squares_slope
 from ..probes import LogitLens, VisualAttentionProbe
 from .data import WorldSamples, chat_example
 from .evaluate import _padding, description_budget
@@ -19,12 +20,7 @@ PROMPTS = {"blind-painter": DESCRIBE_PROMPT}
 def _fit_loglog(t: list[float], y: list[float]) -> float | None:
     """Least-squares slope of log y against log t (points with t, y > 0)."""
     pts = [(math.log(a), math.log(b)) for a, b in zip(t, y) if a > 0 and b > 0]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(v for _, v in pts) / len(pts)
-    den = sum((x - mx) ** 2 for x, _ in pts)
-    return sum((x - mx) * (v - my) for x, v in pts) / den if den else None
+    return least_squares_slope([x for x, _ in pts], [v for _, v in pts])
 
 
 @torch.no_grad()
