@@ -113,6 +113,28 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def cmd_pvm_train(args) -> int:
+    from .pvm import PVMConfig
+    from .train.pvm_sft import PVMTrainConfig, train_pvm_sft
+    from .world.data import WorldSamples
+    from .world.dataset import read_world
+
+    cfg, records = read_world(args.data)
+    samples = WorldSamples.from_records(cfg, records)
+    layers = args.layers if args.layers else "strided"
+    pvm_cfg = PVMConfig(layers=layers, latent_dim=args.latent_dim, heads=args.heads, gate=args.gate)
+    train_cfg = PVMTrainConfig(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size,
+                               seed=args.seed)
+    summary = train_pvm_sft(args.model, samples, args.out, pvm_cfg, train_cfg, stop_after=args.stop_after)
+    if summary is None:
+        print(f"stopped at step {args.stop_after}; run the same command to resume")
+        return 0
+    for key, v in summary["after"].items():
+        print(f"layer {key}: gate {v['gate_mean']:+.4f}, ||PVM|| / ||FFN|| {v['relative_norm']:.4f}")
+    print(f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; adapter in {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.name == "probe-overhead":
         from .bench.probe_overhead import run
@@ -181,6 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--out", required=True, help="directory for diagnosis.json and the plots")
     g.set_defaults(func=cmd_diagnose)
+
+    pv = sub.add_parser("pvm", help="Persistent Visual Memory").add_subparsers(dest="pvm_command", required=True)
+    pt = pv.add_parser("train", help="stage-1 SFT of a PVM adapter (backbone frozen)")
+    pt.add_argument("--stage", default="sft", choices=["sft"], help="sft (stage-2 GRPO is not implemented yet)")
+    pt.add_argument("--model", required=True, help="base model directory")
+    pt.add_argument("--data", required=True, help="a world directory")
+    pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
+    pt.add_argument("--layers", type=int, nargs="+", help="decoder layers (default: strided)")
+    pt.add_argument("--latent-dim", type=int)
+    pt.add_argument("--heads", type=int, default=1)
+    pt.add_argument("--gate", default="scalar", choices=["scalar", "channel"])
+    pt.add_argument("--steps", type=int, default=600)
+    pt.add_argument("--lr", type=float, default=1e-3)
+    pt.add_argument("--gate-lr", type=float, default=1e-2)
+    pt.add_argument("--batch-size", type=int, default=16)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    pt.set_defaults(func=cmd_pvm_train)
 
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
     bn.add_argument("name", choices=["probe-overhead", "pvm-decode"])

@@ -32,6 +32,8 @@ class _State:
     text_mask: torch.Tensor | None = None  # [B, T_in] positions of the current forward that may receive PVM
     input_visual: torch.Tensor | None = None  # [B, T_in] image-token positions of the current forward
     enabled: bool = True
+    record_norms: bool = False  # when True, the FFN hooks store ||PVM out|| / ||FFN out|| per layer
+    norms: dict = field(default_factory=dict)  # layer key -> (sum ||pvm||, sum ||ffn||) at text positions
     hooks: list = field(default_factory=list)
 
 
@@ -87,6 +89,26 @@ def pvm_parameters(model: nn.Module):
     """Only the PVM parameters (all named ``pvm.*``)."""
     _state(model)
     return (p for n, p in model.named_parameters() if n.startswith(PREFIX))
+
+
+@torch.no_grad()
+def pvm_report(model: nn.Module, batches) -> dict:
+    """Gate values and mean ||PVM output|| / ||FFN output|| at text positions per PVM layer, over
+    ``batches`` (model-input dicts): is the branch contributing, and how much?"""
+    st = _state(model)
+    st.norms, st.record_norms = {}, True
+    try:
+        for batch in batches:
+            model(**batch)
+    finally:
+        st.record_norms = False
+    out = {}
+    for key, branch in model.pvm.items():
+        pv, ff = st.norms.get(key, (0.0, 0.0))
+        g = branch.gate.detach().float()
+        out[key] = {"gate_mean": float(g.mean()), "gate_abs_max": float(g.abs().max()),
+                    "relative_norm": pv / ff if ff else None}
+    return out
 
 
 def pvm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -146,6 +168,11 @@ def _make_ffn_hook(model, key: str):
         text_mask = st.text_mask
         if text_mask.shape != x.shape[:2]:
             raise RuntimeError(f"PVM: FFN input {tuple(x.shape[:2])} but {tuple(text_mask.shape)} tracked tokens")
-        return output + model.pvm[key](x, st.visual, st.visual_mask, text_mask)
+        extra = model.pvm[key](x, st.visual, st.visual_mask, text_mask)
+        if st.record_norms:
+            sel = text_mask.bool()
+            pv, ff = st.norms.get(key, (0.0, 0.0))
+            st.norms[key] = (pv + float(extra[sel].norm(dim=-1).sum()), ff + float(output[sel].norm(dim=-1).sum()))
+        return output + extra
 
     return hook

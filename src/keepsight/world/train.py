@@ -109,11 +109,14 @@ def last_complete_checkpoint(ckpt_dir: Path) -> str | None:
 
 
 def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_dir: Path, seed: int,
-                save_every: int, stop_after: int | None = None, progress: bool = True) -> tuple[list[dict], int]:
+                save_every: int, stop_after: int | None = None, progress: bool = True,
+                optimizer: torch.optim.Optimizer | None = None) -> tuple[list[dict], int]:
     """Train with ``transformers.Trainer``, resuming from the newest complete checkpoint in ``ckpt_dir``.
 
     ``stop_after`` ends the run early after that global step (after its checkpoint), for tests and for
-    splitting a long stage over several invocations. Returns the log history and the global step.
+    splitting a long stage over several invocations. ``optimizer`` replaces the Trainer's AdamW (e.g.
+    for per-group learning rates); the Trainer still builds the cosine schedule around it. Returns the
+    log history and the global step.
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -157,7 +160,7 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
         disable_tqdm=not progress,
     )
     trainer = LengthAwareTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
-                      callbacks=[StopAt()])
+                                 callbacks=[StopAt()], optimizers=(optimizer, None))
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(ckpt_dir))
     return [dict(h) for h in trainer.state.log_history], trainer.state.global_step
 
