@@ -75,13 +75,22 @@ def cmd_world_eval(args) -> int:
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
     model, processor = load_vlm(args.model)
+    if args.pvm:
+        from .pvm import load_pvm
+
+        load_pvm(model, args.pvm)
     yn, _ = evaluate_yes_no(model, processor, samples)
     res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
            "descriptions": evaluate_descriptions(model, processor, samples)}
     for c, v in yn["categories"].items():
         print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
     ch = res["descriptions"]["chair"]
-    print(f"CHAIRi {ch['chair_i']:.3f} CHAIRs {ch['chair_s']:.3f} object recall {ch['object_recall']:.3f}")
+    print(f"CHAIRi {ch['chair_i']:.3f} CHAIRs {ch['chair_s']:.3f} object recall {ch['object_recall']:.3f} "
+          f"exact recall {ch['exact_recall']:.3f}")
+    rows = res["descriptions"]["by_index"]
+    print("colour by index: " + " ".join(f"{r['colour']:.2f}" for r in rows))
+    print("counter-prior colour by index: " + " ".join("-" if r["colour_counter_prior"] is None
+                                                       else f"{r['colour_counter_prior']:.2f}" for r in rows))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
@@ -191,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
     e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
+    e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--out", help="write the scores as JSON here")
     e.set_defaults(func=cmd_world_eval)
 
