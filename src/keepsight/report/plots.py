@@ -25,8 +25,11 @@ def plot_accuracy_by_index(rows: list[dict], path: str | Path, title: str,
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, Path(path))
+
+
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -55,10 +58,7 @@ def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str
     ax.set_title(title or "Omega_V(t)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    paths["omega"] = out_dir / "omega_v_loglog.png"
-    fig.savefig(paths["omega"])
-    plt.close(fig)
+    paths["omega"] = _save(fig, out_dir / "omega_v_loglog.png")
 
     fig, ax = plt.subplots(figsize=(5.6, 3.6), dpi=110)
     for layer, row in enumerate(diag["tvr_by_layer"]):
@@ -68,10 +68,7 @@ def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str
     ax.set_title("text-to-vision ratio (paper: plateau near 1e2)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    paths["tvr"] = out_dir / "tvr.png"
-    fig.savefig(paths["tvr"])
-    plt.close(fig)
+    paths["tvr"] = _save(fig, out_dir / "tvr.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 2.8), dpi=110)
     im = ax.imshow(diag["omega_v_by_layer"], aspect="auto", origin="lower", cmap="viridis")
@@ -79,10 +76,7 @@ def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str
     ax.set_ylabel("decoder layer")
     ax.set_title("Omega_V by layer and step")
     fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    paths["heatmap"] = out_dir / "omega_v_heatmap.png"
-    fig.savefig(paths["heatmap"])
-    plt.close(fig)
+    paths["heatmap"] = _save(fig, out_dir / "omega_v_heatmap.png")
 
     fig, ax = plt.subplots(figsize=(5.6, 3.2), dpi=110)
     layers = list(range(len(diag["kl_by_layer"])))
@@ -94,8 +88,5 @@ def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str
     ax2.set_ylabel("KL (nats)")
     ax.set_title(f"LogitLens (mean convergence layer {diag['convergence_layer_mean']:.2f})")
     fig.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    paths["logit_lens"] = out_dir / "logit_lens.png"
-    fig.savefig(paths["logit_lens"])
-    plt.close(fig)
+    paths["logit_lens"] = _save(fig, out_dir / "logit_lens.png")
     return paths

@@ -107,50 +107,40 @@ def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.
             tie_word_embeddings=False,
         )
         model = LlavaForConditionalGeneration(cfg)
-    elif p.arch == "qwen3vl":
-        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-        tc = text_config(p, tokenizer).to_dict()
-        tc["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
-                                 "mrope_section": _mrope_section(p.text_hidden // p.text_heads),
-                                 "mrope_interleaved": True}
-        cfg = Qwen3VLConfig(
-            text_config=tc,
-            vision_config=dict(
-                depth=p.vision_layers, hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 4,
-                num_heads=p.vision_heads, patch_size=p.patch_size, spatial_merge_size=2,
-                temporal_patch_size=2, out_hidden_size=p.text_hidden,
-                num_position_embeddings=(p.image_size // p.patch_size) ** 2,
-                deepstack_visual_indexes=[0],
-            ),
-            image_token_id=tokenizer.image_token_id,
-            video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
-            vision_start_token_id=tokenizer.convert_tokens_to_ids("<vision_start>"),
-            vision_end_token_id=tokenizer.convert_tokens_to_ids("<vision_end>"),
-            tie_word_embeddings=False,
+    elif p.arch in ("qwen3vl", "qwen2_5_vl"):
+        from transformers import (
+            Qwen2_5_VLConfig,
+            Qwen2_5_VLForConditionalGeneration,
+            Qwen3VLConfig,
+            Qwen3VLForConditionalGeneration,
         )
-        model = Qwen3VLForConditionalGeneration(cfg)
-    elif p.arch == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+        qwen3 = p.arch == "qwen3vl"
         tc = text_config(p, tokenizer).to_dict()
         tc["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": _mrope_section(p.text_hidden // p.text_heads)}
-        cfg = Qwen2_5_VLConfig(
+        vision = dict(depth=p.vision_layers, hidden_size=p.vision_hidden, num_heads=p.vision_heads,
+                      patch_size=p.patch_size, spatial_merge_size=2, temporal_patch_size=2,
+                      out_hidden_size=p.text_hidden)
+        if qwen3:
+            tc["rope_parameters"]["mrope_interleaved"] = True
+            vision.update(intermediate_size=p.vision_hidden * 4, deepstack_visual_indexes=[0],
+                          num_position_embeddings=(p.image_size // p.patch_size) ** 2)
+        else:
+            vision.update(intermediate_size=p.vision_hidden * 2, window_size=4 * p.patch_size,
+                          fullatt_block_indexes=[p.vision_layers - 1])
+        config_cls, model_cls = ((Qwen3VLConfig, Qwen3VLForConditionalGeneration) if qwen3
+                                 else (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration))
+        cfg = config_cls(
             text_config=tc,
-            vision_config=dict(
-                depth=p.vision_layers, hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 2,
-                num_heads=p.vision_heads, patch_size=p.patch_size, spatial_merge_size=2,
-                temporal_patch_size=2, out_hidden_size=p.text_hidden, window_size=2 * p.patch_size * 2,
-                fullatt_block_indexes=[p.vision_layers - 1],
-            ),
+            vision_config=vision,
             image_token_id=tokenizer.image_token_id,
             video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
             vision_start_token_id=tokenizer.convert_tokens_to_ids("<vision_start>"),
             vision_end_token_id=tokenizer.convert_tokens_to_ids("<vision_end>"),
             tie_word_embeddings=False,
         )
-        model = Qwen2_5_VLForConditionalGeneration(cfg)
+        model = model_cls(cfg)
     else:  # pragma: no cover - presets are validated above
         raise ValueError(f"unknown architecture {p.arch!r}")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
