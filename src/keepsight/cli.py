@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -92,14 +91,16 @@ def cmd_world_eval(args) -> int:
     print("counter-prior colour by index: " + " ".join("-" if r["colour_counter_prior"] is None
                                                        else f"{r['colour_counter_prior']:.2f}" for r in rows))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+        from .atomic import write_json
+
+        write_json(args.out, res)
     return 0
 
 
 def cmd_diagnose(args) -> int:
     from pathlib import Path
 
+    from .atomic import write_json
     from .report.plots import plot_diagnosis
     from .world.data import WorldSamples
     from .world.dataset import read_world
@@ -111,10 +112,7 @@ def cmd_diagnose(args) -> int:
     model, processor = load_vlm(args.model)
     diag = diagnose(model, processor, samples, args.prompt, args.max_new_tokens, args.batch_size)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "diagnosis.json.tmp"
-    tmp.write_text(json.dumps(diag, indent=2))
-    tmp.replace(out / "diagnosis.json")
+    write_json(out / "diagnosis.json", diag)
     plot_diagnosis(diag, out)
     slope = "n/a" if diag["slope"] is None else f"{diag['slope']:.3f}"
     print(f"Omega_V slope (log-log, generated steps) {slope}; TVR plateau {diag['tvr_plateau']:.2f}; "

@@ -1,18 +1,19 @@
-"""``keepsight demo``: build the world, train (or reuse) the base model, evaluate, write the report.
-
-Later sections (diagnostics, PVM, bridge, diffusion) add themselves to ``SECTIONS``-style hooks here;
-the base section is what every one of them compares against.
+"""``keepsight demo``: build the world, train (or reuse) the base model, evaluate, diagnose, write the
+report. Each method's section (PVM, bridge, diffusion) is to be added next to the base section, which
+is what every one of them compares against.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .atomic import write_json
 from .report.html import fmt, img_tag, table, write_report
 from .report.plots import plot_accuracy_by_index, plot_diagnosis
 from .report.summary import summary_markdown
@@ -86,8 +87,6 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     key = cache_key(profile)
     model_dir = runs_dir / "cache" / f"base-{key}"
     if retrain and model_dir.exists():
-        import shutil
-
         shutil.rmtree(model_dir)
     if (model_dir / "config.json").is_file():
         log(f"reusing cached base model {model_dir}")
@@ -141,9 +140,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         },
         "timings": {**timings, "total_s": time.time() - t0},
     }
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2))
-    tmp.replace(out / "results.json")
+    write_json(out / "results.json", results)
     plot = plot_accuracy_by_index(dil["by_index"], out / "dilution.png",
                                   f"base model, scenes with {k} objects (n={len(dil_set)})")
     diag_plots = plot_diagnosis(diag, out / "diagnosis", f"base model, {k} objects")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..atomic import write_json
 from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
 from ..pvm.io import CONFIG_FILE
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
@@ -82,10 +84,6 @@ def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str 
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
     save_pvm(model, out)
-    tmp = out / (SUMMARY_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / SUMMARY_FILE)
-    import shutil
-
+    write_json(out / SUMMARY_FILE, summary)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return summary

@@ -54,9 +54,8 @@ class WorldSamples:
         return len(self.scenes)
 
 
-def user_message(prompt: str, with_image: bool = True) -> list[dict]:
-    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
-    return [{"role": "user", "content": content}]
+def user_message(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
 
 
 def chat_example(processor, prompt: str, answer: str | None = None) -> str:

@@ -7,8 +7,8 @@
 4. ``instruct`` projector + language model train on descriptions, captions and QA (tower frozen).
 
 Each stage writes ``<out>/stages/<stage>/`` atomically when it finishes, and periodic Trainer
-checkpoints under ``<out>/stages/<stage>/../<stage>-checkpoints/`` while it runs; running it again
-resumes from the newest complete checkpoint. The final model and processor land in ``<out>``.
+checkpoints under ``<out>/stages/<stage>-checkpoints/`` while it runs; running it again resumes from
+the newest complete checkpoint. The final model and processor land in ``<out>``.
 """
 
 from __future__ import annotations
