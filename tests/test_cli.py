@@ -36,3 +36,44 @@ def test_cli_errors_are_clear(tmp_path, capsys, argv, message):
 def test_console_script_is_installed(tmp_path):
     out = subprocess.run([sys.executable, "-m", "keepsight.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "demo" in out.stdout and "world" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    from keepsight.world.models import build_model
+    from keepsight.world.processor import build_processor
+
+    d = tmp_path_factory.mktemp("base")
+    processor = build_processor()
+    build_model("tiny-llava", processor.tokenizer).save_pretrained(d)
+    processor.save_pretrained(d)
+    assert main(["world", "build", "--out", str(d / "data"), "--n", "6", "--seed", "1"]) == 0
+    return d
+
+
+def test_pvm_and_lora_training_under_accelerate_launch(tiny_base, tmp_path):
+    """Stage 1, stage 2 and the LoRA control run as `accelerate launch -m keepsight.cli ...` (CPU)."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "keepsight.cli"]
+    common = ["--model", str(tiny_base), "--data", str(tiny_base / "data")]
+    runs = [
+        ["pvm", "train", "--stage", "sft", *common, "--out", str(tmp_path / "s1"), "--steps", "2", "--batch-size", "2"],
+        ["pvm", "train", "--stage", "grpo", *common, "--init", str(tmp_path / "s1"), "--out", str(tmp_path / "s2"),
+         "--steps", "1", "--num-generations", "2", "--prompts-per-step", "1", "--max-completion-length", "4"],
+        ["lora", "train", *common, "--out", str(tmp_path / "l"), "--steps", "2", "--batch-size", "2"],
+    ]
+    for argv in runs:
+        out = subprocess.run(launch + argv, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "s2" / "pvm.safetensors").is_file() and (tmp_path / "s2" / "pvm_grpo.json").is_file()
+    assert (tmp_path / "l" / "adapter_model.safetensors").is_file()
+    assert main(["world", "eval", *common, "--pvm", str(tmp_path / "s2"), "--lora", str(tmp_path / "l")]) == 2
+
+
+def test_grpo_needs_its_stage1_adapter(tiny_base, tmp_path, capsys):
+    argv = ["pvm", "train", "--stage", "grpo", "--model", str(tiny_base), "--data", str(tiny_base / "data"),
+            "--out", str(tmp_path / "g")]
+    assert main(argv) == 2
+    assert "needs --init" in capsys.readouterr().err
+    assert main(argv + ["--init", str(tmp_path / "missing")]) == 2
+    assert "is not a PVM adapter" in capsys.readouterr().err

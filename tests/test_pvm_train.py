@@ -58,3 +58,121 @@ def test_sft_resume_continues_the_same_run(base_dir, samples, tmp_path):
 def test_sft_config_errors():
     with pytest.raises(ValueError, match="gate_lr must be > 0"):
         PVMTrainConfig(gate_lr=0)
+
+
+# ----------------------------------------------------------------------------- stage 2: GRPO
+
+
+def _varied_reward(completions, **_):
+    """Stands in for the world rewards on an untrained model (whose completions all score 0, so GRPO's
+    advantages would vanish): a deterministic, completion-dependent reward in [0, 1)."""
+    import zlib
+
+    from keepsight.world.rewards import completion_text
+
+    return [zlib.crc32(completion_text(c).encode()) % 1000 / 1000 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def stage1_dir(base_dir, tmp_path_factory):
+    from keepsight.pvm import attach_pvm, save_pvm
+    from keepsight.world.evaluate import load_vlm
+
+    d = tmp_path_factory.mktemp("stage1")
+    model, _ = load_vlm(base_dir)
+    attach_pvm(model, PVMConfig(layers=[1, 3]))
+    with torch.no_grad():
+        for name, p in model.pvm.named_parameters():
+            if name.endswith("gate"):
+                p.fill_(0.1)  # a stage-1 adapter that contributes
+    save_pvm(model, d)
+    return d
+
+
+def test_grpo_reference_carries_stage1_pvm_and_only_pvm_trains(base_dir, stage1_dir, samples, monkeypatch,
+                                                                  tmp_path):
+    import keepsight.train.pvm_grpo as g
+    from keepsight.world.evaluate import load_vlm
+
+    monkeypatch.setattr(g, "answer_reward", _varied_reward)
+    cfg = g.GRPOTrainConfig(steps=2, lr=1e-2, gate_lr=1e-1, num_generations=2, prompts_per_step=2,
+                            max_completion_length=6, tasks=["describe", "open"], save_every=100)
+    trainer = g.build_grpo_trainer(base_dir, stage1_dir, samples, tmp_path / "g", cfg, progress=False)
+    stage1 = load_file(str(stage1_dir / "pvm.safetensors"))
+    ref = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert ref._keepsight_pvm is not None
+    for k, v in stage1.items():
+        assert torch.equal(dict(ref.named_parameters())[k], v), k
+    trainer.train()
+    base, _ = load_vlm(base_dir)
+    policy = dict(trainer.model.named_parameters())
+    for n, p in base.named_parameters():
+        assert torch.equal(policy[n], p), f"backbone parameter {n} changed"
+    moved = [k for k, v in stage1.items() if not torch.equal(policy[k].detach(), v)]
+    assert moved, "no PVM parameter moved"
+    for k, v in stage1.items():  # the reference stays at stage 1
+        assert torch.equal(dict(ref.named_parameters())[k], v), k
+
+
+def test_grpo_writes_the_adapter_and_resumes(base_dir, stage1_dir, samples, monkeypatch, tmp_path):
+    import keepsight.train.pvm_grpo as g
+
+    monkeypatch.setattr(g, "answer_reward", _varied_reward)
+    cfg = g.GRPOTrainConfig(steps=2, num_generations=2, prompts_per_step=2, max_completion_length=6, save_every=1,
+                            beta=0.0)
+    assert g.train_pvm_grpo(base_dir, stage1_dir, samples, tmp_path / "g", cfg, stop_after=1,
+                            progress=False) is None
+    assert (tmp_path / "g" / "checkpoints" / "checkpoint-1").is_dir()
+    summary = g.train_pvm_grpo(base_dir, stage1_dir, samples, tmp_path / "g", cfg, progress=False)
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["pvm.safetensors", "pvm_config.json",
+                                                                    "pvm_grpo.json"]
+    assert summary["rewards"] and summary["init"] == str(stage1_dir)
+    assert set(summary["after"]) == {"1", "3"}
+
+
+def test_grpo_dataset_columns(samples):
+    from keepsight.train.pvm_grpo import grpo_dataset
+
+    ds = grpo_dataset(samples, ["describe", "open", "yes_no", "cell"])
+    assert len(ds) == 4 * len(samples)
+    assert set(ds.column_names) == {"prompt", "image", "kind", "answer", "scene"}
+    assert ds[0]["prompt"][0]["content"][0]["type"] == "image"
+    assert {"describe", "yes_no", "cell"} <= set(ds["kind"])
+
+
+def test_grpo_config_errors():
+    from keepsight.train.pvm_grpo import GRPOTrainConfig
+
+    with pytest.raises(ValueError, match="num_generations must be >= 2"):
+        GRPOTrainConfig(num_generations=1)
+    with pytest.raises(ValueError, match="unknown"):
+        GRPOTrainConfig(tasks=["poetry"])
+
+
+# ----------------------------------------------------------------------------- LoRA control
+
+
+def test_lora_control_matches_pvm_size_and_merges(base_dir, samples, processor, tmp_path):
+    from keepsight.train.lora_control import (
+        LoRATrainConfig,
+        apply_lora,
+        pvm_parameter_count,
+        train_lora_control,
+    )
+    from keepsight.world.evaluate import load_vlm
+
+    pvm = PVMConfig(layers=[1, 2])
+    cfg = LoRATrainConfig(steps=3, batch_size=4)
+    summary = train_lora_control(base_dir, samples, tmp_path / "l", pvm, cfg, progress=False)
+    base, _ = load_vlm(base_dir)
+    n_pvm = pvm_parameter_count(base, pvm)
+    assert summary["pvm_parameters"] == n_pvm
+    per_rank = summary["lora_parameters"] // summary["rank"]
+    assert abs(summary["lora_parameters"] - n_pvm) <= per_rank / 2  # the nearest rank
+    assert (tmp_path / "l" / "adapter_model.safetensors").is_file() and not (tmp_path / "l" / "checkpoints").exists()
+    merged = apply_lora(load_vlm(base_dir)[0], tmp_path / "l")
+    changed = {n for (n, p), (_, q) in zip(base.named_parameters(), merged.named_parameters()) if not torch.equal(p, q)}
+    assert changed and all(".layers.1." in n or ".layers.2." in n for n in changed)
+    assert [n for n, _ in base.named_parameters()] == [n for n, _ in merged.named_parameters()]
+    with pytest.raises(FileNotFoundError, match="adapter_config.json is missing"):
+        apply_lora(base, tmp_path)

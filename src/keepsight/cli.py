@@ -74,10 +74,16 @@ def cmd_world_eval(args) -> int:
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
     model, processor = load_vlm(args.model)
+    if args.pvm and args.lora:
+        raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
     if args.pvm:
         from .pvm import load_pvm
 
         load_pvm(model, args.pvm)
+    if args.lora:
+        from .train.lora_control import apply_lora
+
+        model = apply_lora(model, args.lora)
     yn, _ = evaluate_yes_no(model, processor, samples)
     res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
            "descriptions": evaluate_descriptions(model, processor, samples)}
@@ -120,25 +126,73 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
-def cmd_pvm_train(args) -> int:
-    from .pvm import PVMConfig
-    from .train.pvm_sft import PVMTrainConfig, train_pvm_sft
+def _read_samples(path):
     from .world.data import WorldSamples
     from .world.dataset import read_world
 
-    cfg, records = read_world(args.data)
-    samples = WorldSamples.from_records(cfg, records)
+    cfg, records = read_world(path)
+    return WorldSamples.from_records(cfg, records)
+
+
+def _print_gates(report: dict) -> None:
+    for key, v in report.items():
+        print(f"layer {key}: gate {v['gate_mean']:+.4f}, ||PVM|| / ||FFN|| {v['relative_norm']:.4f}")
+
+
+def cmd_pvm_train(args) -> int:
+    from .pvm import PVMConfig
+
+    samples = _read_samples(args.data)
+    if args.stage == "grpo":
+        from .train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
+
+        if not args.init:
+            raise ValueError("--stage grpo needs --init: the stage-1 adapter directory it starts from")
+        cfg = GRPOTrainConfig(steps=args.steps or 100, lr=args.lr or 2e-4, gate_lr=args.gate_lr or 2e-3,
+                              beta=args.beta, num_generations=args.num_generations,
+                              prompts_per_step=args.prompts_per_step, tasks=args.tasks, seed=args.seed,
+                              max_completion_length=args.max_completion_length)
+        summary = train_pvm_grpo(args.model, args.init, samples, args.out, cfg, stop_after=args.stop_after)
+        if summary is None:
+            print(f"stopped at step {args.stop_after}; run the same command to resume")
+            return 0
+        _print_gates(summary["after"])
+        first, last = summary["first_reward"] or {}, summary["last_reward"] or {}
+        print(f"reward {first.get('reward', float('nan')):.3f} -> {last.get('reward', float('nan')):.3f}; "
+              f"adapter in {args.out}")
+        return 0
+    from .train.pvm_sft import PVMTrainConfig, train_pvm_sft
+
+    if args.init:
+        raise ValueError("--init is for --stage grpo; stage 1 (sft) starts a new adapter")
     layers = args.layers if args.layers else "strided"
     pvm_cfg = PVMConfig(layers=layers, latent_dim=args.latent_dim, heads=args.heads, gate=args.gate)
-    train_cfg = PVMTrainConfig(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size,
-                               seed=args.seed)
+    train_cfg = PVMTrainConfig(steps=args.steps or 600, lr=args.lr or 1e-3, gate_lr=args.gate_lr or 1e-2,
+                               batch_size=args.batch_size, seed=args.seed)
     summary = train_pvm_sft(args.model, samples, args.out, pvm_cfg, train_cfg, stop_after=args.stop_after)
     if summary is None:
         print(f"stopped at step {args.stop_after}; run the same command to resume")
         return 0
-    for key, v in summary["after"].items():
-        print(f"layer {key}: gate {v['gate_mean']:+.4f}, ||PVM|| / ||FFN|| {v['relative_norm']:.4f}")
+    _print_gates(summary["after"])
     print(f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; adapter in {args.out}")
+    return 0
+
+
+def cmd_lora_train(args) -> int:
+    from .pvm import PVMConfig
+    from .train.lora_control import LoRATrainConfig, train_lora_control
+
+    layers = args.layers if args.layers else "strided"
+    pvm_cfg = PVMConfig(layers=layers, latent_dim=args.latent_dim)
+    cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
+    summary = train_lora_control(args.model, _read_samples(args.data), args.out, pvm_cfg, cfg,
+                                 stop_after=args.stop_after)
+    if summary is None:
+        print(f"stopped at step {args.stop_after}; run the same command to resume")
+        return 0
+    print(f"LoRA rank {summary['rank']} on layers {summary['layers']}: {summary['lora_parameters']} parameters "
+          f"(PVM: {summary['pvm_parameters']}); loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; "
+          f"adapter in {args.out}")
     return 0
 
 
@@ -199,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True)
     e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
+    e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
     e.add_argument("--out", help="write the scores as JSON here")
     e.set_defaults(func=cmd_world_eval)
 
@@ -213,22 +268,44 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_diagnose)
 
     pv = sub.add_parser("pvm", help="Persistent Visual Memory").add_subparsers(dest="pvm_command", required=True)
-    pt = pv.add_parser("train", help="stage-1 SFT of a PVM adapter (backbone frozen)")
-    pt.add_argument("--stage", default="sft", choices=["sft"], help="sft (stage-2 GRPO is not implemented yet)")
+    pt = pv.add_parser("train", help="stage 1 (sft, backbone frozen) or stage 2 (grpo) of a PVM adapter")
+    pt.add_argument("--stage", default="sft", choices=["sft", "grpo"])
     pt.add_argument("--model", required=True, help="base model directory")
     pt.add_argument("--data", required=True, help="a world directory")
     pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
-    pt.add_argument("--layers", type=int, nargs="+", help="decoder layers (default: strided)")
-    pt.add_argument("--latent-dim", type=int)
-    pt.add_argument("--heads", type=int, default=1)
-    pt.add_argument("--gate", default="scalar", choices=["scalar", "channel"])
-    pt.add_argument("--steps", type=int, default=600)
-    pt.add_argument("--lr", type=float, default=1e-3)
-    pt.add_argument("--gate-lr", type=float, default=1e-2)
-    pt.add_argument("--batch-size", type=int, default=16)
+    pt.add_argument("--init", help="grpo: the stage-1 adapter to start from (also the KL reference)")
+    pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided)")
+    pt.add_argument("--latent-dim", type=int, help="sft: d' (default: hidden / 4)")
+    pt.add_argument("--heads", type=int, default=1, help="sft")
+    pt.add_argument("--gate", default="scalar", choices=["scalar", "channel"], help="sft")
+    pt.add_argument("--steps", type=int, help="default: 600 (sft), 100 (grpo)")
+    pt.add_argument("--lr", type=float, help="projections; default: 1e-3 (sft), 2e-4 (grpo)")
+    pt.add_argument("--gate-lr", type=float, help="the gate; default: 1e-2 (sft), 2e-3 (grpo)")
+    pt.add_argument("--batch-size", type=int, default=16, help="sft")
+    pt.add_argument("--beta", type=float, default=0.04, help="grpo: KL coefficient (0 = no reference model)")
+    pt.add_argument("--num-generations", type=int, default=4, help="grpo: completions per prompt")
+    pt.add_argument("--prompts-per-step", type=int, default=4, help="grpo")
+    pt.add_argument("--max-completion-length", type=int, help="grpo (default: the world's description budget)")
+    pt.add_argument("--tasks", nargs="+", default=["describe", "open"],
+                    help="grpo prompts: describe open yes_no cell")
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
     pt.set_defaults(func=cmd_pvm_train)
+
+    lo = sub.add_parser("lora", help="the parameter-matched LoRA control for PVM").add_subparsers(
+        dest="lora_command", required=True)
+    lt = lo.add_parser("train", help="train a LoRA with PVM's layers and (nearest) parameter count")
+    lt.add_argument("--model", required=True, help="base model directory")
+    lt.add_argument("--data", required=True, help="a world directory")
+    lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
+    lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
+    lt.add_argument("--latent-dim", type=int, help="the PVM d' to match (default: hidden / 4)")
+    lt.add_argument("--steps", type=int, default=600)
+    lt.add_argument("--lr", type=float, default=1e-3)
+    lt.add_argument("--batch-size", type=int, default=16)
+    lt.add_argument("--seed", type=int, default=0)
+    lt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    lt.set_defaults(func=cmd_lora_train)
 
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
     bn.add_argument("name", choices=["probe-overhead", "pvm-decode"])

@@ -14,9 +14,13 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import write_json
+from .experiments.pvm import PVMExperiment, run_pvm_experiment
 from .report.html import fmt, img_tag, table, write_report
-from .report.plots import plot_accuracy_by_index, plot_diagnosis
+from .report.plots import plot_accuracy_by_index, plot_arms_by_index, plot_diagnosis
 from .report.summary import summary_markdown
+from .train.lora_control import LoRATrainConfig
+from .train.pvm_grpo import GRPOTrainConfig
+from .train.pvm_sft import PVMTrainConfig
 from .world.config import WorldConfig, world_config
 from .world.data import WorldSamples
 from .world.dataset import generate
@@ -35,6 +39,7 @@ class DemoProfile:
     train: TrainConfig = field(default_factory=TrainConfig)
     world: WorldConfig = field(default_factory=world_config)
     dilution_objects: int | None = None  # default: the world's max_objects
+    pvm: PVMExperiment | None = None  # the PVM arms (None: base only)
 
 
 PROFILES = {
@@ -44,6 +49,12 @@ PROFILES = {
             lm=StageConfig(20, 3e-3, 16), vision=StageConfig(20, 2e-3, 16),
             align=StageConfig(10, 2e-3, 16), instruct=StageConfig(20, 1e-3, 16), save_every=10,
         ),
+        pvm=PVMExperiment(
+            sft=PVMTrainConfig(steps=8, save_every=1000), lora=LoRATrainConfig(steps=8, save_every=1000),
+            grpo=GRPOTrainConfig(steps=2, num_generations=2, prompts_per_step=2, max_completion_length=24,
+                                 save_every=1000),
+            n_grpo_scenes=16,
+        ),
     ),
     "full": DemoProfile(
         name="full", n_train=4000, n_eval=200, n_dilution=150,
@@ -51,6 +62,7 @@ PROFILES = {
             lm=StageConfig(250, 3e-3, 32), vision=StageConfig(400, 2e-3, 32),
             align=StageConfig(200, 2e-3, 16), instruct=StageConfig(4000, 2e-3, 16), save_every=200,
         ),
+        pvm=PVMExperiment(grpo=GRPOTrainConfig(steps=150)),
     ),
 }
 
@@ -74,7 +86,9 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     """Run the demo; returns the results dict also written to ``runs/<name>/results.json``."""
     if profile_name not in PROFILES:
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
-    from .world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no, load_vlm
+    from .experiments.arm import EvalSets, evaluate_arm
+    from .report.pvm import pvm_markdown, pvm_sections
+    from .world.evaluate import load_vlm
 
     profile = PROFILES[profile_name]
     runs_dir = Path(runs_dir)
@@ -88,6 +102,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     model_dir = runs_dir / "cache" / f"base-{key}"
     if retrain and model_dir.exists():
         shutil.rmtree(model_dir)
+    train = None
     if (model_dir / "config.json").is_file():
         log(f"reusing cached base model {model_dir}")
         stages = {s: json.loads((model_dir / "stages" / s / "keepsight_stage.json").read_text())
@@ -104,24 +119,22 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     eval_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_eval, seed=EVAL_SEED))
     k = profile.dilution_objects or cfg.max_objects
     dil_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_dilution, seed=DILUTION_SEED, n_objects=k))
-    log(f"evaluating: yes/no on {len(eval_set)} scenes")
-    yn, _ = evaluate_yes_no(model, processor, eval_set)
-    log("evaluating: open answers")
-    open_acc = evaluate_open(model, processor, eval_set)
-    log(f"evaluating: descriptions of {len(eval_set)} scenes")
-    desc = evaluate_descriptions(model, processor, eval_set)
-    log(f"evaluating: dilution curve on {len(dil_set)} scenes with {k} objects")
-    dil = evaluate_descriptions(model, processor, dil_set)
-    log(f"diagnosing: attention mass, TVR and LogitLens while describing {min(32, len(dil_set))} scenes")
-    from .world.diagnose import diagnose
-
-    diag_set = WorldSamples(cfg, dil_set.scenes[:32], dil_set.images[:32])
-    diag = diagnose(model, processor, diag_set)
+    sets = EvalSets(eval_set, dil_set, WorldSamples(cfg, dil_set.scenes[:32], dil_set.images[:32]))
+    log("evaluating the base model")
+    base = evaluate_arm(model, processor, sets, log)
     timings["eval_s"] = time.time() - t1
+
+    pvm = None
+    if profile.pvm is not None:
+        t2 = time.time()
+        if train is None:
+            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        pvm = run_pvm_experiment(profile.pvm, model_dir, train, sets, base, log)
+        timings["pvm_s"] = time.time() - t2
 
     samples = [
         {"id": s.id, "truth": t, "generated": g}
-        for s, t, g in zip(eval_set.scenes[:6], _truths(eval_set)[:6], desc["texts"][:6])
+        for s, t, g in zip(eval_set.scenes[:6], _truths(eval_set)[:6], base["texts"])
     ]
     results = {
         "keepsight": __version__,
@@ -131,22 +144,25 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         "model_dir": str(model_dir),
         "base": {
             "stages": {s: {k2: v.get(k2) for k2 in ("first_loss", "last_loss")} for s, v in stages.items()},
-            "yes_no": yn,
-            "open": open_acc,
-            "descriptions": {k2: v for k2, v in desc.items() if k2 != "texts"},
-            "dilution": {"n_objects": k, **{k2: v for k2, v in dil.items() if k2 != "texts"}},
-            "diagnosis": diag,
+            **{k2: v for k2, v in base.items() if k2 != "texts"},
             "samples": samples,
         },
+        **({"pvm": pvm} if pvm else {}),
         "timings": {**timings, "total_s": time.time() - t0},
     }
     write_json(out / "results.json", results)
-    plot = plot_accuracy_by_index(dil["by_index"], out / "dilution.png",
+    plot = plot_accuracy_by_index(base["dilution"]["by_index"], out / "dilution.png",
                                   f"base model, scenes with {k} objects (n={len(dil_set)})")
-    diag_plots = plot_diagnosis(diag, out / "diagnosis", f"base model, {k} objects")
-    write_report(out / "report.html", f"keepsight demo ({profile.name})",
-                 _base_sections(results, eval_set, plot) + [_diagnosis_section(diag, diag_plots)], results)
-    print(summary_markdown(results), flush=True)
+    diag_plots = plot_diagnosis(base["diagnosis"], out / "diagnosis", f"base model, {k} objects")
+    sections = _base_sections(results, eval_set, plot) + [_diagnosis_section(base["diagnosis"], diag_plots)]
+    summary = summary_markdown(results)
+    if pvm:
+        arm_plot = plot_arms_by_index({a: v["dilution"]["by_index"] for a, v in pvm["arms"].items()},
+                                      out / "pvm_by_index.png", f"exact accuracy by index, {k} objects")
+        sections += pvm_sections(pvm, arm_plot)
+        summary += "\n" + pvm_markdown(pvm)
+    write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
+    print(summary, flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
 

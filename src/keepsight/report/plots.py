@@ -28,6 +28,24 @@ def plot_accuracy_by_index(rows: list[dict], path: str | Path, title: str,
     return _save(fig, Path(path))
 
 
+def plot_arms_by_index(rows_by_arm: dict[str, list[dict]], path: str | Path, title: str,
+                       field: str = "exact") -> Path:
+    """One line per arm: ``field`` accuracy against the object's 1-based index in the description."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    for arm, rows in rows_by_arm.items():
+        pts = [(r["index"] + 1, r[field]) for r in rows if r.get(field) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", label=arm)
+    ax.set_xlabel("object index in the description")
+    ax.set_ylabel(f"{field.replace('_', ' ')} accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, Path(path))
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path)

@@ -43,11 +43,12 @@ class PVMTrainConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-def _optimizer(model, cfg: PVMTrainConfig) -> torch.optim.Optimizer:
+def pvm_optimizer(model, lr: float, gate_lr: float) -> torch.optim.Optimizer:
+    """AdamW over the PVM parameters: projections at ``lr``, gates at ``gate_lr`` without weight decay."""
     gates = [p for n, p in model.named_parameters() if n.startswith("pvm.") and n.endswith(".gate")]
     rest = [p for n, p in model.named_parameters() if n.startswith("pvm.") and not n.endswith(".gate")]
-    return torch.optim.AdamW([{"params": rest, "lr": cfg.lr}, {"params": gates, "lr": cfg.gate_lr,
-                                                                "weight_decay": 0.0}], lr=cfg.lr)
+    return torch.optim.AdamW([{"params": rest, "lr": lr}, {"params": gates, "lr": gate_lr, "weight_decay": 0.0}],
+                             lr=lr)
 
 
 def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
@@ -75,7 +76,7 @@ def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str 
     model.train()
     logs, step = run_trainer(model, data, collate, StageConfig(cfg.steps, cfg.lr, cfg.batch_size),
                              out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress,
-                             optimizer=_optimizer(model, cfg))
+                             optimizer=pvm_optimizer(model, cfg.lr, cfg.gate_lr))
     if step < cfg.steps:
         return None
     model.eval()

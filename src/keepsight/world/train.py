@@ -108,6 +108,20 @@ def last_complete_checkpoint(ckpt_dir: Path) -> str | None:
     return str(max(done, key=lambda p: int(p.name.split("-")[-1])))
 
 
+def stop_at(step: int | None):
+    """A Trainer callback that saves a checkpoint and stops after global step ``step`` (None: never)."""
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if step is not None and state.global_step >= step:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopAt()
+
+
 def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_dir: Path, seed: int,
                 save_every: int, stop_after: int | None = None, progress: bool = True,
                 optimizer: torch.optim.Optimizer | None = None) -> tuple[list[dict], int]:
@@ -118,7 +132,7 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
     for per-group learning rates); the Trainer still builds the cosine schedule around it. Returns the
     log history and the global step.
     """
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
     class LengthAwareTrainer(Trainer):
@@ -130,13 +144,6 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
             if getattr(ds, "lengths", None) is not None:
                 return LengthGroupedSampler(self.args.train_batch_size, lengths=list(ds.lengths))
             return super()._get_train_sampler(train_dataset)
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if stop_after is not None and state.global_step >= stop_after:
-                control.should_save = True
-                control.should_training_stop = True
-            return control
 
     args = TrainingArguments(
         output_dir=str(ckpt_dir),
@@ -160,7 +167,7 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
         disable_tqdm=not progress,
     )
     trainer = LengthAwareTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
-                                 callbacks=[StopAt()], optimizers=(optimizer, None))
+                                 callbacks=[stop_at(stop_after)], optimizers=(optimizer, None))
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(ckpt_dir))
     return [dict(h) for h in trainer.state.log_history], trainer.state.global_step
 

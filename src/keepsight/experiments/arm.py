@@ -1,0 +1,56 @@
+"""One arm of a world experiment: a model (base, or base + a method) scored the same way as every other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..metrics import early_late
+from ..world.data import WorldSamples
+
+
+@dataclass
+class EvalSets:
+    """The held-out sets every arm is scored on (built once by the demo)."""
+
+    eval: WorldSamples  # mixed object counts: yes/no, open answers, CHAIR
+    dilution: WorldSamples  # a fixed object count: accuracy by index, early vs late
+    diagnosis: WorldSamples  # a subset of ``dilution`` for attention / LogitLens
+
+    @property
+    def n_objects(self) -> int:
+        return len(self.dilution.scenes[0].objects) if len(self.dilution) else 0
+
+
+def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
+    """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, and the
+    attention / TVR / LogitLens diagnosis. Description texts are dropped from the result, except a few."""
+    from ..world.diagnose import diagnose
+    from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+
+    log(f"  yes/no on {len(sets.eval)} scenes")
+    yn, _ = evaluate_yes_no(model, processor, sets.eval)
+    log("  open answers")
+    open_acc = evaluate_open(model, processor, sets.eval)
+    log(f"  descriptions of {len(sets.eval)} scenes")
+    desc = evaluate_descriptions(model, processor, sets.eval)
+    k = sets.n_objects
+    log(f"  dilution curve on {len(sets.dilution)} scenes with {k} objects")
+    dil = evaluate_descriptions(model, processor, sets.dilution)
+    log(f"  attention mass, TVR and LogitLens while describing {len(sets.diagnosis)} scenes")
+    diag = diagnose(model, processor, sets.diagnosis)
+    return {
+        "yes_no": yn,
+        "open": open_acc,
+        "descriptions": {key: v for key, v in desc.items() if key != "texts"},
+        "dilution": {"n_objects": k, **{key: v for key, v in dil.items() if key != "texts"},
+                     "early_late": early_late(dil["texts"], sets.dilution.scenes, max(1, k // 2))},
+        "diagnosis": diag,
+        "texts": desc["texts"][:6],
+    }
+
+
+def relative_change(new: float | None, old: float | None) -> float | None:
+    """(new - old) / old, None when either is missing or old is 0."""
+    if new is None or old is None or old == 0:
+        return None
+    return (new - old) / old

@@ -1,0 +1,112 @@
+"""The PVM world experiment (issue 4): four arms from one base, same data, same step budget.
+
+- ``base``: the world's base model;
+- ``pvm_sft``: + PVM, stage 1 (SFT, backbone frozen);
+- ``lora``: + a LoRA with PVM's layers and (nearest) parameter count, the same SFT data and steps: the
+  control for "just more trainable parameters";
+- ``pvm_grpo``: + PVM, stage 1 then stage 2 (GRPO with verifiable world rewards).
+
+Adapters are cached next to the base (their directory names hash their configs), so a rerun only
+evaluates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..pvm import PVMConfig
+from ..train.lora_control import LoRATrainConfig
+from ..train.pvm_grpo import GRPOTrainConfig
+from ..train.pvm_sft import PVMTrainConfig
+from ..world.data import WorldSamples
+from .arm import EvalSets, evaluate_arm, relative_change
+
+ARMS = ("base", "pvm_sft", "lora", "pvm_grpo")
+PAPER = {"avg_gain_8b": 4.8, "avg_gain_4b": 4.4, "short_rel": 0.061, "long_rel": 0.273, "overhead": 0.0032}
+
+
+@dataclass
+class PVMExperiment:
+    pvm: PVMConfig = field(default_factory=PVMConfig)
+    sft: PVMTrainConfig = field(default_factory=PVMTrainConfig)
+    lora: LoRATrainConfig = field(default_factory=LoRATrainConfig)
+    grpo: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
+    n_grpo_scenes: int = 1000  # the first scenes of the training set, for GRPO prompts
+
+    def to_dict(self) -> dict:
+        return {"pvm": self.pvm.to_dict(), "sft": asdict(self.sft), "lora": asdict(self.lora),
+                "grpo": asdict(self.grpo), "n_grpo_scenes": self.n_grpo_scenes}
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _strip(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "log_history"}
+
+
+def run_pvm_experiment(exp: PVMExperiment, model_dir: Path, train: WorldSamples, sets: EvalSets,
+                       base_result: dict, log=print) -> dict:
+    """Train (or reuse) the three adapters on ``train`` and evaluate each arm on ``sets``."""
+    from ..pvm import load_pvm
+    from ..train.lora_control import apply_lora, train_lora_control
+    from ..train.pvm_grpo import train_pvm_grpo
+    from ..train.pvm_sft import train_pvm_sft
+    from ..world.evaluate import load_vlm
+
+    cache = Path(f"{model_dir}-pvm")
+    sft_dir = cache / f"sft-{_hash([exp.pvm.to_dict(), asdict(exp.sft)])}"
+    lora_dir = cache / f"lora-{_hash([exp.pvm.to_dict(), asdict(exp.lora)])}"
+    grpo_dir = cache / f"grpo-{_hash([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes])}"
+
+    log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
+    sft = train_pvm_sft(model_dir, train, sft_dir, exp.pvm, exp.sft, progress=False)
+    log(f"LoRA control ({exp.lora.steps} steps, parameter-matched) -> {lora_dir}")
+    lora = train_lora_control(model_dir, train, lora_dir, exp.pvm, exp.lora, progress=False)
+    grpo_train = WorldSamples(train.config, train.scenes[: exp.n_grpo_scenes], train.images[: exp.n_grpo_scenes])
+    log(f"PVM stage 2 (GRPO, {exp.grpo.steps} steps, {exp.grpo.num_generations} completions a prompt) -> {grpo_dir}")
+    grpo = train_pvm_grpo(model_dir, sft_dir, grpo_train, grpo_dir, exp.grpo, progress=False)
+
+    arms = {"base": base_result}
+    for arm, attach in (("pvm_sft", lambda m: load_pvm(m, sft_dir)), ("lora", lambda m: apply_lora(m, lora_dir)),
+                        ("pvm_grpo", lambda m: load_pvm(m, grpo_dir))):
+        log(f"evaluating arm {arm}")
+        model, processor = load_vlm(model_dir)
+        model = attach(model)
+        arms[arm] = evaluate_arm(model, processor, sets, log)
+    return {
+        "config": exp.to_dict(),
+        "adapters": {"pvm_sft": str(sft_dir), "lora": str(lora_dir), "pvm_grpo": str(grpo_dir)},
+        "training": {"pvm_sft": _strip(sft), "lora": _strip(lora), "pvm_grpo": _strip(grpo)},
+        "arms": arms,
+        "comparison": compare_arms(arms),
+        "paper": PAPER,
+    }
+
+
+def compare_arms(arms: dict) -> dict:
+    """Per arm: the headline numbers, and relative change against the base for early / late objects."""
+    base = arms["base"]["dilution"]["early_late"]
+    out = {}
+    for name, a in arms.items():
+        el = a["dilution"]["early_late"]
+        ch = a["descriptions"]["chair"]
+        out[name] = {
+            "yes_no_acc": a["yes_no"]["overall_acc"],
+            "yes_no_by_category": {c: v["acc"] for c, v in a["yes_no"]["categories"].items()},
+            "open_mean": sum(a["open"].values()) / len(a["open"]) if a["open"] else None,
+            "chair_i": ch["chair_i"], "hallucination_rate": ch["hallucination_rate"],
+            "object_recall": ch["object_recall"], "exact_recall": ch["exact_recall"],
+            "early_exact_recall": el["early"]["exact_recall"], "late_exact_recall": el["late"]["exact_recall"],
+            "early_hallucination_rate": el["early"]["hallucination_rate"],
+            "late_hallucination_rate": el["late"]["hallucination_rate"],
+            "early_rel_change": relative_change(el["early"]["exact_recall"], base["early"]["exact_recall"]),
+            "late_rel_change": relative_change(el["late"]["exact_recall"], base["late"]["exact_recall"]),
+            "omega_v_slope": a["diagnosis"]["slope"], "tvr_plateau": a["diagnosis"]["tvr_plateau"],
+            "logitlens_convergence_layer": a["diagnosis"]["convergence_layer_mean"],
+        }
+    return out

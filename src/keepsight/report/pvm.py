@@ -1,0 +1,85 @@
+"""Report pieces for the PVM experiment: HTML sections and the Markdown summary (README's PVM table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .html import fmt, img_tag, table
+
+LABELS = {"base": "base", "pvm_sft": "+ PVM (stage 1 SFT)", "lora": "+ LoRA (matched control)",
+          "pvm_grpo": "+ PVM (SFT + GRPO)"}
+HEADLINE = (
+    ("yes/no acc", "yes_no_acc"), ("open answers (mean)", "open_mean"), ("CHAIRi", "chair_i"),
+    ("hallucination rate", "hallucination_rate"), ("object recall", "object_recall"),
+    ("exact recall", "exact_recall"), ("early objects: exact recall", "early_exact_recall"),
+    ("late objects: exact recall", "late_exact_recall"), ("early: rel. change vs base", "early_rel_change"),
+    ("late: rel. change vs base", "late_rel_change"), ("early: hallucination rate", "early_hallucination_rate"),
+    ("late: hallucination rate", "late_hallucination_rate"), ("Omega_V log-log slope", "omega_v_slope"),
+    ("TVR plateau", "tvr_plateau"), ("LogitLens convergence layer", "logitlens_convergence_layer"),
+)
+
+
+def _gate_rows(training: dict) -> list[list]:
+    rows = []
+    for stage, key in (("stage 1 (SFT)", "pvm_sft"), ("stage 2 (GRPO)", "pvm_grpo")):
+        s = training[key]
+        for layer, after in s["after"].items():
+            before = s["before"][layer]
+            rows.append([stage, layer, before["gate_mean"], after["gate_mean"], before["relative_norm"],
+                         after["relative_norm"]])
+    return rows
+
+
+def pvm_sections(res: dict, plot: Path) -> list[tuple[str, str]]:
+    comp, tr, paper = res["comparison"], res["training"], res["paper"]
+    arms = list(comp)
+    rows = [[label] + [comp[a][key] for a in arms] for label, key in HEADLINE]
+    cats = list(comp["base"]["yes_no_by_category"])
+    cat_rows = [[c] + [comp[a]["yes_no_by_category"][c] for a in arms] for c in cats]
+    split = res["arms"]["base"]["dilution"]["early_late"]["split"]
+    n_obj = res["arms"]["base"]["dilution"]["n_objects"]
+    lora, grpo = tr["lora"], tr["pvm_grpo"]
+    rew = [[r.get("step"), r.get("reward"), r.get("rewards/answer_reward/mean"), r.get("rewards/format_reward/mean"),
+            r.get("kl"), r.get("completions/mean_length")] for r in grpo["rewards"]]
+    intro = (
+        f"<p>Four arms from the same base, trained on the same scenes: PVM stage 1 ({tr['pvm_sft']['train']['steps']} "
+        f"steps, backbone frozen), a LoRA on the same layers with rank {lora['rank']} "
+        f"({lora['lora_parameters']} parameters vs PVM's {lora['pvm_parameters']}) for the same steps, and PVM "
+        f"stage 1 + GRPO ({grpo['train']['steps']} steps, {grpo['train']['num_generations']} completions a prompt, "
+        f"KL beta {grpo['train']['beta']} to the stage-1 model). Early / late: objects at index &lt; {split} / "
+        f"&ge; {split} of {n_obj} in the description. The paper (Qwen3-VL, real benchmarks): "
+        f"+{paper['avg_gain_8b']} pts average (8B), +{100 * paper['short_rel']:.1f}% relative on short answers, "
+        f"+{100 * paper['long_rel']:.1f}% on long ones, and earlier LogitLens convergence.</p>"
+    )
+    return [
+        ("PVM: four arms", intro + table(["measure"] + [LABELS[a] for a in arms], rows)
+         + img_tag(plot.read_bytes(), "exact accuracy by index per arm")),
+        ("PVM: yes/no accuracy by category", table(["category"] + [LABELS[a] for a in arms], cat_rows)),
+        ("PVM: gates and ||PVM out|| / ||FFN out|| before and after each stage",
+         table(["stage", "layer", "gate before", "gate after", "rel. norm before", "rel. norm after"],
+               _gate_rows(tr))),
+        ("PVM: GRPO rewards during training",
+         table(["step", "reward", "answer reward", "format reward", "KL", "completion length"], rew)),
+    ]
+
+
+def pvm_markdown(res: dict) -> str:
+    comp = res["comparison"]
+    arms = list(comp)
+    lines = ["", "PVM experiment (same base, data and step budget per arm):", "",
+             "| measure | " + " | ".join(LABELS[a] for a in arms) + " |",
+             "| --- | " + " | ".join("---" for _ in arms) + " |"]
+    for label, key in HEADLINE:
+        lines.append(f"| {label} | " + " | ".join(fmt(comp[a][key]) for a in arms) + " |")
+    lines += ["", "| layer | gate after SFT | gate after GRPO | rel. norm after SFT | rel. norm after GRPO |",
+              "| --- | --- | --- | --- | --- |"]
+    sft, grpo = res["training"]["pvm_sft"]["after"], res["training"]["pvm_grpo"]["after"]
+    for layer in sft:
+        lines.append(f"| {layer} | {fmt(sft[layer]['gate_mean'])} | {fmt(grpo[layer]['gate_mean'])} | "
+                     f"{fmt(sft[layer]['relative_norm'])} | {fmt(grpo[layer]['relative_norm'])} |")
+    tr = res["training"]
+    first, last = tr["pvm_grpo"]["first_reward"] or {}, tr["pvm_grpo"]["last_reward"] or {}
+    lines += ["", f"LoRA control: rank {tr['lora']['rank']}, {tr['lora']['lora_parameters']} parameters "
+                  f"(PVM {tr['lora']['pvm_parameters']}). GRPO reward {fmt(first.get('reward'))} (first log) -> "
+                  f"{fmt(last.get('reward'))} (last log)."]
+    return "\n".join(lines)
