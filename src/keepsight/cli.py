@@ -196,6 +196,22 @@ def cmd_lora_train(args) -> int:
     return 0
 
 
+def cmd_bridge_train(args) -> int:
+    from .train.bridge import BridgeTrainConfig, train_bridge
+    from .world.train import StageConfig
+
+    defaults = {1: (200, 2e-3), 2: (4000, 2e-3)}[args.phase]
+    cfg = BridgeTrainConfig(phase=args.phase, bridge=args.bridge, seed=args.seed,
+                            stage=StageConfig(args.steps or defaults[0], args.lr or defaults[1], args.batch_size))
+    summary = train_bridge(args.model, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after)
+    if summary is None:
+        print(f"stopped at step {args.stop_after}; run the same command to resume")
+        return 0
+    print(f"phase {args.phase}: {summary['bridge']['kind']} bridge ({summary['bridge_parameters']:,d} parameters), "
+          f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; model in {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.name == "probe-overhead":
         from .bench.probe_overhead import run
@@ -205,6 +221,18 @@ def cmd_bench(args) -> int:
         from .bench.pvm_decode import run
 
         run(args.out, batch=args.batch, new_tokens=args.new_tokens, repeats=args.repeats)
+    elif args.name == "bridge-memory":
+        from .bench.bridge_memory import run
+
+        run(args.out, mem_limit_gib=args.mem_limit_gib)
+    elif args.name == "needle":
+        from .bench.needle import run
+
+        run(args.out)
+    elif args.name == "scan":
+        from .bench.scan import run
+
+        run(args.out)
     return 0
 
 
@@ -307,12 +335,31 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
     lt.set_defaults(func=cmd_lora_train)
 
+    br = sub.add_parser("bridge", help="LIA-MTR and baseline bridges").add_subparsers(dest="bridge_command",
+                                                                                      required=True)
+    btr = br.add_parser("train", help="phase 1 (alignment, bridge only) or phase 2 (instruction tuning)")
+    btr.add_argument("--phase", type=int, required=True, choices=[1, 2])
+    btr.add_argument("--model", required=True, help="phase 1: a LLaVA-family model directory, or a world base "
+                     "directory (backbone from its lm/vision stages); phase 2: a phase-1 output")
+    btr.add_argument("--data", required=True, help="a world directory")
+    btr.add_argument("--out", required=True)
+    btr.add_argument("--bridge", default="lia_mtr", help="phase 1: lia_mtr | mlp | attention | attention_sdpa | "
+                     "linear_attention")
+    btr.add_argument("--steps", type=int, help="default: 200 (phase 1), 4000 (phase 2)")
+    btr.add_argument("--lr", type=float, help="default: 2e-3")
+    btr.add_argument("--batch-size", type=int, default=16)
+    btr.add_argument("--seed", type=int, default=2)
+    btr.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    btr.set_defaults(func=cmd_bridge_train)
+
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
-    bn.add_argument("name", choices=["probe-overhead", "pvm-decode"])
+    bn.add_argument("name", choices=["probe-overhead", "pvm-decode", "bridge-memory", "needle", "scan"])
     bn.add_argument("--out", default="runs/bench")
     bn.add_argument("--batch", type=int, default=8)
     bn.add_argument("--new-tokens", type=int, default=128)
     bn.add_argument("--repeats", type=int, default=3)
+    bn.add_argument("--mem-limit-gib", type=float, default=16.0, help="bridge-memory: skip configurations "
+                    "predicted to need more")
     bn.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")

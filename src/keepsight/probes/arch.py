@@ -23,6 +23,7 @@ class ArchInfo:
 # model_type -> how to reach the decoder stack from the ForConditionalGeneration model
 _DECODER_PATHS = {
     "llava": "model.language_model",
+    "keepsight_llava": "model.language_model",  # LLaVA with a keepsight bridge as projector
     "qwen3_vl": "model.language_model",
     "qwen2_5_vl": "model.language_model",
 }

@@ -46,6 +46,23 @@ def plot_arms_by_index(rows_by_arm: dict[str, list[dict]], path: str | Path, tit
     return _save(fig, Path(path))
 
 
+def plot_heatmaps(grids: dict[str, list[list[float]]], xlabels: list[str], ylabels: list[str], path: str | Path,
+                  title: str) -> Path:
+    """One accuracy heatmap (rows: ylabels, columns: xlabels, values in [0, 1]) per entry of ``grids``."""
+    fig, axes = plt.subplots(1, len(grids), figsize=(3.0 * len(grids), 3.0), dpi=110, squeeze=False)
+    for ax, (name, grid) in zip(axes[0], grids.items()):
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(xlabels)), xlabels, fontsize=7)
+        ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("depth", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, Path(path))
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path)

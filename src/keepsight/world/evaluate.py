@@ -15,8 +15,10 @@ from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 
 
 def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None):
-    """Model + processor saved by ``keepsight world train`` (or any local LLaVA-family directory)."""
+    """Model + processor saved by ``keepsight world train`` / ``bridge train`` (or any local LLaVA-family directory)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from ..bridge import swap  # noqa: F401  (registers LLaVA-with-a-bridge with the Auto classes)
 
     path = Path(path)
     if not (path / "config.json").is_file():

@@ -290,18 +290,31 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
     return json.loads((final / DONE_FILE).read_text())
 
 
+def assemble_from_stages(out: str | os.PathLike, preset, tok, seed: int):
+    """A fresh LLaVA (new projector, initialised with ``seed``) whose language model and vision tower come
+    from the finished ``lm`` and ``vision`` stages under ``out``: the backbone every projector starts from."""
+    from transformers import CLIPVisionModel, Qwen3ForCausalLM
+
+    out = Path(out)
+    for prev in ("lm", "vision"):
+        if not stage_done(out, prev):
+            raise RuntimeError(f"{out}: stage {prev!r} has not finished")
+    model = build_model(preset, tok, seed=seed)
+    lm = Qwen3ForCausalLM.from_pretrained(_stage_dirs(out, "lm")[0])
+    tower = CLIPVisionModel.from_pretrained(_stage_dirs(out, "vision")[0])
+    model.model.language_model.load_state_dict(lm.model.state_dict())
+    model.lm_head.load_state_dict(lm.lm_head.state_dict())
+    model.model.vision_tower.load_state_dict(tower.state_dict())
+    return model
+
+
 def _vlm_for_stage(stage: str, out: Path, preset, tok, seed: int):
     """align: a fresh LLaVA whose language model and tower come from stages lm and vision, only the
     projector trainable. instruct: the aligned model, tower frozen, projector + language model trainable."""
-    from transformers import CLIPVisionModel, LlavaForConditionalGeneration, Qwen3ForCausalLM
+    from transformers import LlavaForConditionalGeneration
 
     if stage == "align":
-        model = build_model(preset, tok, seed=seed)
-        lm = Qwen3ForCausalLM.from_pretrained(_stage_dirs(out, "lm")[0])
-        tower = CLIPVisionModel.from_pretrained(_stage_dirs(out, "vision")[0])
-        model.model.language_model.load_state_dict(lm.model.state_dict())
-        model.lm_head.load_state_dict(lm.lm_head.state_dict())
-        model.model.vision_tower.load_state_dict(tower.state_dict())
+        model = assemble_from_stages(out, preset, tok, seed)
         trainable = ("multi_modal_projector",)
     else:
         model = LlavaForConditionalGeneration.from_pretrained(_stage_dirs(out, "align")[0])

@@ -1,0 +1,25 @@
+"""Vision -> LLM bridges (projectors): LIA-MTR (SPEC section B) and its baselines, behind one factory."""
+
+from __future__ import annotations
+
+from keepsight.bridge.baselines import (
+    BRIDGE_KINDS,
+    AttentionBridge,
+    LinearAttentionBridge,
+    MLPBridge,
+    build_bridge,
+)
+from keepsight.bridge.config import LiaMtrConfig, check_visual_tokens
+from keepsight.bridge.lia_mtr import LiaMtrBridge, LiaMtrState
+
+__all__ = [
+    "BRIDGE_KINDS",
+    "AttentionBridge",
+    "LiaMtrBridge",
+    "LiaMtrConfig",
+    "LiaMtrState",
+    "LinearAttentionBridge",
+    "MLPBridge",
+    "build_bridge",
+    "check_visual_tokens",
+]

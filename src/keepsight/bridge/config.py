@@ -1,0 +1,105 @@
+"""LIA-MTR bridge configuration (SPEC section B) and the input checks every bridge shares."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_visual_tokens(x: torch.Tensor, d_vision: int, name: str = "x") -> None:
+    """Validate visual tokens x [B, N, d_vision]: a float tensor, right width, N >= 1, all finite."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor [B, N, d_vision], got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have shape [B, N, d_vision], got shape {tuple(x.shape)}")
+    if x.shape[-1] != d_vision:
+        raise ValueError(f"{name}: feature width mismatch, expected d_vision = {d_vision}, got {x.shape[-1]}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name}: empty sequence (N = 0 tokens, shape {tuple(x.shape)})")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
+
+
+@dataclass
+class LiaMtrConfig:
+    """LIA-MTR projector: d_vision -> d_model through a d_inner-wide multi-scale retention.
+
+    lambdas: explicit decays (each strictly in (0, 1)); otherwise n_scales values geometrically spaced
+    in [lambda_min, lambda_max] (n_scales = 1 takes lambda_max: ours, the long memory).
+    n_scales: None = 4, or len(lambdas) when lambdas is given.
+    conv_kernel: causal depthwise conv width over tokens; 0 = none (identity).
+    use_gate: False = write gate fixed at 1.
+    """
+
+    d_vision: int
+    d_model: int
+    d_inner: int | None = None  # None = d_model
+    n_scales: int | None = None
+    lambda_min: float = 0.70
+    lambda_max: float = 0.995
+    lambdas: tuple[float, ...] | None = None
+    conv_kernel: int = 4
+    chunk_size: int = 64
+    use_gate: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("d_vision", "d_model"):
+            value = getattr(self, field)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{field} must be an int >= 1, got {value!r}")
+        if self.d_inner is None:
+            self.d_inner = self.d_model
+        if not _is_int(self.d_inner) or self.d_inner < 1:
+            raise ValueError(f"d_inner must be an int >= 1 or None, got {self.d_inner!r}")
+        if self.lambdas is not None:
+            try:
+                self.lambdas = tuple(float(v) for v in self.lambdas)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"lambdas must be a sequence of floats, got {self.lambdas!r}") from err
+            if not self.lambdas:
+                raise ValueError("lambdas: the list is empty")
+            bad = [v for v in self.lambdas if not (math.isfinite(v) and 0.0 < v < 1.0)]
+            if bad:
+                raise ValueError(f"lambdas must each lie strictly in (0, 1), got {list(self.lambdas)} (bad: {bad})")
+            if self.n_scales is None:
+                self.n_scales = len(self.lambdas)
+            elif self.n_scales != len(self.lambdas):
+                raise ValueError(f"n_scales = {self.n_scales} but lambdas has {len(self.lambdas)} entries")
+        if self.n_scales is None:
+            self.n_scales = 4
+        if not _is_int(self.n_scales) or self.n_scales < 1:
+            raise ValueError(f"n_scales must be an int >= 1, got {self.n_scales!r}")
+        for field in ("lambda_min", "lambda_max"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+                raise ValueError(f"{field} must lie strictly in (0, 1), got {value!r}")
+        if self.lambda_min > self.lambda_max:
+            raise ValueError(f"lambda_min ({self.lambda_min}) must be <= lambda_max ({self.lambda_max})")
+        if not _is_int(self.conv_kernel) or self.conv_kernel < 0:
+            raise ValueError(f"conv_kernel must be an int >= 0 (0 = no conv), got {self.conv_kernel!r}")
+        if not _is_int(self.chunk_size) or self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        if not isinstance(self.use_gate, bool):
+            raise ValueError(f"use_gate must be a bool, got {self.use_gate!r}")
+
+    def lambda_values(self) -> tuple[float, ...]:
+        """The S decays: explicit ones, else geometric spacing of lambda in [lambda_min, lambda_max]."""
+        if self.lambdas is not None:
+            return tuple(self.lambdas)
+        S = self.n_scales
+        if S == 1:
+            return (float(self.lambda_max),)
+        lo, hi = math.log(self.lambda_min), math.log(self.lambda_max)
+        return tuple(math.exp(lo + (hi - lo) * s / (S - 1)) for s in range(S))
+
+    def half_lives(self) -> list[float]:
+        """Half-life of each scale in tokens: ln(0.5) / ln(lambda_s)."""
+        return [math.log(0.5) / math.log(v) for v in self.lambda_values()]
