@@ -51,8 +51,8 @@ def tiny_base(tmp_path_factory):
     return d
 
 
-def test_pvm_and_lora_training_under_accelerate_launch(tiny_base, tmp_path):
-    """Stage 1, stage 2 and the LoRA control run as `accelerate launch -m keepsight.cli ...` (CPU)."""
+def test_training_commands_under_accelerate_launch(tiny_base, tmp_path):
+    """PVM stages 1 and 2, the LoRA control and bridge phase 1 run as `accelerate launch -m keepsight.cli ...`."""
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "keepsight.cli"]
     common = ["--model", str(tiny_base), "--data", str(tiny_base / "data")]
@@ -61,12 +61,14 @@ def test_pvm_and_lora_training_under_accelerate_launch(tiny_base, tmp_path):
         ["pvm", "train", "--stage", "grpo", *common, "--init", str(tmp_path / "s1"), "--out", str(tmp_path / "s2"),
          "--steps", "1", "--num-generations", "2", "--prompts-per-step", "1", "--max-completion-length", "4"],
         ["lora", "train", *common, "--out", str(tmp_path / "l"), "--steps", "2", "--batch-size", "2"],
+        ["bridge", "train", "--phase", "1", *common, "--out", str(tmp_path / "b1"), "--steps", "2", "--batch-size", "2"],
     ]
     for argv in runs:
         out = subprocess.run(launch + argv, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "s2" / "pvm.safetensors").is_file() and (tmp_path / "s2" / "pvm_grpo.json").is_file()
     assert (tmp_path / "l" / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "b1" / "config.json").read_text())["bridge"]["kind"] == "lia_mtr"
     assert main(["world", "eval", *common, "--pvm", str(tmp_path / "s2"), "--lora", str(tmp_path / "l")]) == 2
 
 
@@ -77,3 +79,11 @@ def test_grpo_needs_its_stage1_adapter(tiny_base, tmp_path, capsys):
     assert "needs --init" in capsys.readouterr().err
     assert main(argv + ["--init", str(tmp_path / "missing")]) == 2
     assert "is not a PVM adapter" in capsys.readouterr().err
+
+
+def test_bridge_train_errors(tiny_base, tmp_path, capsys):
+    common = ["--model", str(tiny_base), "--data", str(tiny_base / "data")]
+    assert main(["bridge", "train", "--phase", "2", *common, "--out", str(tmp_path / "p2")]) == 2
+    assert "has no bridge" in capsys.readouterr().err
+    assert main(["bridge", "train", "--phase", "1", *common, "--out", str(tmp_path / "p1"), "--bridge", "qformer"]) == 2
+    assert "unknown bridge kind 'qformer'" in capsys.readouterr().err

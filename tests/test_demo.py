@@ -22,6 +22,17 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys)
     assert len(diag["omega_v_by_layer"]) == 4 and diag["steps"] >= 1
     assert "Dilution diagnostics" in html and (out / "diagnosis" / "omega_v_loglog.png").is_file()
     assert res["base"]["yes_no"] == base["yes_no"]
+    # the PVM arms: same evaluation for each, adapters trained and cached, gates reported
+    pvm = saved["pvm"]
+    assert list(pvm["arms"]) == ["base", "pvm_sft", "lora", "pvm_grpo"]
+    assert pvm["comparison"]["base"]["late_rel_change"] in (0.0, None)
+    assert set(pvm["training"]["pvm_sft"]["after"]) == set(pvm["training"]["pvm_grpo"]["after"])
+    assert pvm["training"]["lora"]["lora_parameters"] > 0 and "PVM: four arms" in html
+    # the bridge arms: MLP and LIA-MTR after each phase, the write gate probed
+    bridge = saved["bridge"]
+    assert list(bridge["arms"]) == ["mlp_phase1", "lia_mtr_phase1", "mlp_phase2", "lia_mtr_phase2"]
+    assert 0 < bridge["write_gate"]["lia_mtr_phase2"]["gate_mean"] < 1
+    assert "Bridge: MLP vs LIA-MTR" in html
     # second run: the model is reused from the cache (keyed by config + data), only evaluation runs
     t0 = time.time()
     again = run_demo("smoke", runs_dir=tmp_path)

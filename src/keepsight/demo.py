@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import write_json
+from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
 from .report.html import fmt, img_tag, table, write_report
 from .report.plots import plot_accuracy_by_index, plot_arms_by_index, plot_diagnosis
@@ -39,7 +40,8 @@ class DemoProfile:
     train: TrainConfig = field(default_factory=TrainConfig)
     world: WorldConfig = field(default_factory=world_config)
     dilution_objects: int | None = None  # default: the world's max_objects
-    pvm: PVMExperiment | None = None  # the PVM arms (None: base only)
+    pvm: PVMExperiment | None = None  # the PVM arms (None: skip)
+    bridge: BridgeExperiment | None = None  # the LIA-MTR vs MLP arms (None: skip)
 
 
 PROFILES = {
@@ -55,6 +57,7 @@ PROFILES = {
                                  save_every=1000),
             n_grpo_scenes=16,
         ),
+        bridge=BridgeExperiment(),
     ),
     "full": DemoProfile(
         name="full", n_train=4000, n_eval=200, n_dilution=150,
@@ -63,6 +66,7 @@ PROFILES = {
             align=StageConfig(200, 2e-3, 16), instruct=StageConfig(4000, 2e-3, 16), save_every=200,
         ),
         pvm=PVMExperiment(grpo=GRPOTrainConfig(steps=150)),
+        bridge=BridgeExperiment(),
     ),
 }
 
@@ -87,6 +91,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     if profile_name not in PROFILES:
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
     from .experiments.arm import EvalSets, evaluate_arm
+    from .report.bridge import bridge_markdown, bridge_sections
     from .report.pvm import pvm_markdown, pvm_sections
     from .world.evaluate import load_vlm
 
@@ -131,6 +136,13 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
             train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
         pvm = run_pvm_experiment(profile.pvm, model_dir, train, sets, base, log)
         timings["pvm_s"] = time.time() - t2
+    bridge = None
+    if profile.bridge is not None:
+        t3 = time.time()
+        if train is None:
+            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        bridge = run_bridge_experiment(profile.bridge, model_dir, profile.train, train, sets, base, log)
+        timings["bridge_s"] = time.time() - t3
 
     samples = [
         {"id": s.id, "truth": t, "generated": g}
@@ -148,6 +160,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
             "samples": samples,
         },
         **({"pvm": pvm} if pvm else {}),
+        **({"bridge": bridge} if bridge else {}),
         "timings": {**timings, "total_s": time.time() - t0},
     }
     write_json(out / "results.json", results)
@@ -161,6 +174,9 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
                                       out / "pvm_by_index.png", f"exact accuracy by index, {k} objects")
         sections += pvm_sections(pvm, arm_plot)
         summary += "\n" + pvm_markdown(pvm)
+    if bridge:
+        sections += bridge_sections(bridge)
+        summary += "\n" + bridge_markdown(bridge)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
     print(summary, flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")

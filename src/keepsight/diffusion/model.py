@@ -1,0 +1,335 @@
+"""A LLaDA-style masked-diffusion language model on transformers' Llama classes, and LLaDA-V loading.
+
+LLaDA is the LLaMA architecture with fully bidirectional attention (no causal mask; padding is still
+masked) and no KV cache: every denoising step is one full forward over prompt + generation slots.
+``LladaModel`` is ``LlamaModel`` with ``is_causal = False`` on every attention module and a padding-only
+mask; ``LladaForMaskedDiffusion`` adds the untied ``lm_head`` (logits at position t predict the token
+*at* t, no shift). Importing ``keepsight.diffusion`` registers ``model_type = "llada"`` with
+``AutoConfig``, ``AutoModel`` (so a ``LlavaForConditionalGeneration`` whose ``text_config`` is a
+``LladaConfig`` builds a ``LladaModel`` as its language model) and ``AutoModelForCausalLM``.
+
+Checkpoint names (SPEC section E). ``CHECKPOINT_KEY_MAP`` maps source names to ours, first match wins:
+
+=========================================================  ==================================================
+source (regex)                                             ours
+=========================================================  ==================================================
+OLMo-style LLaDA-8B (LM only)
+``model.transformer.blocks.N.q_proj|k_proj|v_proj``        ``model.layers.N.self_attn.q_proj|k_proj|v_proj``
+``model.transformer.blocks.N.attn_out``                    ``model.layers.N.self_attn.o_proj``
+``model.transformer.blocks.N.ff_proj``                     ``model.layers.N.mlp.gate_proj``
+``model.transformer.blocks.N.up_proj``                     ``model.layers.N.mlp.up_proj``
+``model.transformer.blocks.N.ff_out``                      ``model.layers.N.mlp.down_proj``
+``model.transformer.blocks.N.attn_norm``                   ``model.layers.N.input_layernorm``
+``model.transformer.blocks.N.ff_norm``                     ``model.layers.N.post_attention_layernorm``
+``model.transformer.wte``                                  ``model.embed_tokens``
+``model.transformer.ln_f``                                 ``model.norm``
+``model.transformer.ff_out``                               ``lm_head``
+LLaDA-V VLM (LLaVA repository layout)
+``model.vision_tower.vision_tower.``                       ``model.vision_tower.``
+``model.mm_projector.0.`` / ``model.mm_projector.2.``      ``model.multi_modal_projector.linear_1.`` / ``linear_2.``
+LLaMA names (``model.embed_tokens``, ``model.layers.*``, ``model.norm``, ``lm_head``) and HF names pass unchanged.
+=========================================================  ==================================================
+
+After the table, placement for the VLM target: language-model keys ``model.{embed_tokens,layers,norm}.*``
+move under ``model.language_model.`` (HF LLaVA's placement), and ``model.vision_tower.vision_model.``
+becomes ``model.vision_tower.`` when the target tower has no ``vision_model`` wrapper (transformers 5's
+``CLIPVisionModel``; ``SiglipVisionModel`` keeps it). Keys that end up unknown to the target model, and
+target keys no source key provides, are errors that name them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from huggingface_hub.dataclasses import strict
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils.output_capturing import capture_outputs
+
+
+@strict
+class LladaConfig(LlamaConfig):
+    """``LlamaConfig`` of a bidirectional masked-diffusion LM; ``mask_token_id`` is the [MASK] id."""
+
+    model_type = "llada"
+    mask_token_id: int | None = None
+    use_cache: bool = False  # no KV cache: each denoising step re-reads the whole sequence
+
+
+class LladaModel(LlamaModel):
+    """``LlamaModel`` with bidirectional attention. Input ``[B, T]`` ids or ``[B, T, d]`` embeddings,
+    optional ``[B, T]`` padding mask (1 = token, 0 = pad); output ``last_hidden_state [B, T, d]``.
+    ``cache``/``use_cache`` are accepted for API compatibility and ignored (always None)."""
+
+    config_class = LladaConfig
+
+    def __init__(self, config: LladaConfig):
+        super().__init__(config)
+        for layer in self.layers:
+            layer.self_attn.is_causal = False
+
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, past_key_values=None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # [B, T, d]
+        if position_ids is None:
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None]  # [1, T]
+        # padding-only mask; None when there is no padding (every query sees every key)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+        hidden = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)  # (cos, sin) [B|1, T, head_dim]
+        for layer in self.layers[: self.config.num_hidden_layers]:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                           position_ids=position_ids, **kwargs)
+        hidden = self.norm(hidden)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=None)
+
+
+class LladaForMaskedDiffusion(LlamaForCausalLM):
+    """LLaDA's mask predictor: ``LladaModel`` + untied ``lm_head``; ``logits [B, T, V]``.
+
+    With ``labels [B, T]`` the loss is the plain cross-entropy of position t's logits against
+    ``labels[:, t]`` (no shift; -100 ignored) - LLaDA's masked-token loss without its 1/t weighting.
+    Generate with ``keepsight.diffusion.generate``, not the autoregressive ``GenerationMixin.generate``.
+    """
+
+    config_class = LladaConfig
+
+    def __init__(self, config: LladaConfig):
+        # skip LlamaForCausalLM.__init__ (it would build a causal LlamaModel first); same attributes
+        super(LlamaForCausalLM, self).__init__(config)
+        self.model = LladaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, past_key_values=None, logits_to_keep=0,
+                **kwargs) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, **kwargs)
+        logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                      attentions=out.attentions)
+
+
+AutoConfig.register("llada", LladaConfig, exist_ok=True)
+AutoModel.register(LladaConfig, LladaModel, exist_ok=True)
+AutoModelForCausalLM.register(LladaConfig, LladaForMaskedDiffusion, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- tiny builders
+
+
+def llada_text_config(tokenizer, preset="tiny-llava") -> LladaConfig:
+    """A ``LladaConfig`` with the sizes of a keepsight tiny preset's text model and ``tokenizer``'s ids."""
+    from keepsight.world.models import get_preset
+
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    if tokenizer.mask_token_id is None:
+        raise ValueError("the tokenizer has no mask token; a masked-diffusion LM needs one")
+    return LladaConfig(
+        vocab_size=len(tokenizer), hidden_size=p.text_hidden, intermediate_size=p.text_intermediate,
+        num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, num_key_value_heads=p.text_kv_heads,
+        head_dim=p.text_hidden // p.text_heads, max_position_embeddings=p.max_positions, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+    )
+
+
+def build_llada_lm(tokenizer, preset="tiny-llava", seed: int = 0) -> LladaForMaskedDiffusion:
+    """A randomly initialised text-only tiny LLaDA (deterministic by ``seed``)."""
+    torch.manual_seed(seed)
+    return LladaForMaskedDiffusion(llada_text_config(tokenizer, preset)).eval()
+
+
+def build_llada_v(processor, preset="tiny-llava", seed: int = 0):
+    """A tiny LLaDA-V-style VLM: HF ``LlavaForConditionalGeneration`` (CLIP tower, 2-layer GELU
+    projector) whose language model is a ``LladaModel``; sizes from a keepsight LLaVA preset."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from keepsight.world.models import get_preset, vision_config
+
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    if p.arch != "llava":
+        raise ValueError(f"build_llada_v needs a LLaVA preset, got arch {p.arch!r}")
+    tok = processor.tokenizer
+    torch.manual_seed(seed)
+    cfg = LlavaConfig(
+        vision_config=vision_config(p).to_dict(), text_config=llada_text_config(tok, p).to_dict(),
+        image_token_id=tok.image_token_id, projector_hidden_act="gelu", vision_feature_select_strategy="full",
+        vision_feature_layer=-1, image_seq_length=(p.image_size // p.patch_size) ** 2 + 1, tie_word_embeddings=False,
+    )
+    model = LlavaForConditionalGeneration(cfg)
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- checkpoint loading
+
+# source-name regex -> our name (``re.sub`` replacement); see the module docstring. First match wins.
+_BLOCK = r"^model\.transformer\.blocks\.(\d+)\."
+CHECKPOINT_KEY_MAP: dict[str, str] = {
+    _BLOCK + r"q_proj\.": r"model.layers.\1.self_attn.q_proj.",
+    _BLOCK + r"k_proj\.": r"model.layers.\1.self_attn.k_proj.",
+    _BLOCK + r"v_proj\.": r"model.layers.\1.self_attn.v_proj.",
+    _BLOCK + r"attn_out\.": r"model.layers.\1.self_attn.o_proj.",
+    _BLOCK + r"ff_proj\.": r"model.layers.\1.mlp.gate_proj.",
+    _BLOCK + r"up_proj\.": r"model.layers.\1.mlp.up_proj.",
+    _BLOCK + r"ff_out\.": r"model.layers.\1.mlp.down_proj.",
+    _BLOCK + r"attn_norm\.": r"model.layers.\1.input_layernorm.",
+    _BLOCK + r"ff_norm\.": r"model.layers.\1.post_attention_layernorm.",
+    r"^model\.transformer\.wte\.": "model.embed_tokens.",
+    r"^model\.transformer\.ln_f\.": "model.norm.",
+    r"^model\.transformer\.ff_out\.": "lm_head.",
+    r"^model\.vision_tower\.vision_tower\.": "model.vision_tower.",
+    r"^model\.mm_projector\.0\.": "model.multi_modal_projector.linear_1.",
+    r"^model\.mm_projector\.2\.": "model.multi_modal_projector.linear_2.",
+}
+_LM_KEY = re.compile(r"^model\.(embed_tokens|layers|norm)\.")
+_TOWER_WRAPPER = re.compile(r"^model\.vision_tower\.vision_model\.")
+
+
+def map_checkpoint_keys(state: dict[str, torch.Tensor], target: str = "lm",
+                        tower_wrapper: bool = False) -> dict[str, torch.Tensor]:
+    """Rename a LLaDA / LLaDA-V state dict to our names. ``target``: "lm" (``LladaForMaskedDiffusion``)
+    or "vlm" (``LlavaForConditionalGeneration`` with a Llada language model); ``tower_wrapper``: whether
+    the target vision tower keeps its ``vision_model.`` prefix."""
+    if target not in ("lm", "vlm"):
+        raise ValueError(f"target must be 'lm' or 'vlm', got {target!r}")
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        new = key
+        for pattern, repl in CHECKPOINT_KEY_MAP.items():
+            if re.match(pattern, key):
+                new = re.sub(pattern, repl, key)
+                break
+        if target == "vlm":
+            new = _LM_KEY.sub(r"model.language_model.\1.", new)
+            if not tower_wrapper:
+                new = _TOWER_WRAPPER.sub("model.vision_tower.", new)
+        if new in out:
+            raise ValueError(f"two checkpoint keys map to {new!r} (one is {key!r})")
+        out[new] = value
+    return out
+
+
+def load_mapped_state(model: torch.nn.Module, state: dict[str, torch.Tensor], target: str, drop=()) -> None:
+    """Map ``state`` (see ``map_checkpoint_keys``) and load it strictly into ``model``.
+    ``drop``: regexes of source keys to discard knowingly (e.g. LLaVA-OneVision's ``model.image_newline``)."""
+    state = {k: v for k, v in state.items() if not any(re.search(p, k) for p in drop)}
+    own = model.state_dict()
+    mapped = map_checkpoint_keys(state, target, any(_TOWER_WRAPPER.match(k) for k in own))
+    unknown = sorted(k for k in mapped if k not in own)
+    if unknown:
+        raise ValueError(f"{len(unknown)} checkpoint keys are unknown to {type(model).__name__} after mapping: "
+                         f"{unknown[:20]}{' ...' if len(unknown) > 20 else ''} (pass drop=[regex] to discard them)")
+    missing = sorted(k for k in own if k not in mapped)
+    if missing:
+        raise ValueError(f"the checkpoint lacks {len(missing)} keys of {type(model).__name__}: "
+                         f"{missing[:20]}{' ...' if len(missing) > 20 else ''}")
+    for k, v in mapped.items():
+        if v.shape != own[k].shape:
+            raise ValueError(f"checkpoint key {k!r} has shape {tuple(v.shape)}, the model wants {tuple(own[k].shape)}")
+    model.load_state_dict(mapped, strict=True)
+
+
+def llada_config_from_olmo(d: dict) -> LladaConfig:
+    """Our ``LladaConfig`` from an original (OLMo-style) LLaDA-8B ``config.json`` dict."""
+    heads = d["n_heads"]
+    return LladaConfig(
+        vocab_size=d.get("embedding_size") or d["vocab_size"], hidden_size=d["d_model"],
+        intermediate_size=d.get("mlp_hidden_size") or d.get("mlp_ratio", 4) * d["d_model"],
+        num_hidden_layers=d["n_layers"], num_attention_heads=heads, num_key_value_heads=d.get("n_kv_heads") or heads,
+        head_dim=d["d_model"] // heads, max_position_embeddings=d.get("max_sequence_length", 4096),
+        rms_norm_eps=d.get("rms_norm_eps", 1e-5), rope_parameters={"rope_type": "default",
+                                                                   "rope_theta": float(d.get("rope_theta", 10000.0))},
+        attention_bias=bool(d.get("include_bias", False)), tie_word_embeddings=bool(d.get("weight_tying", False)),
+        mask_token_id=d.get("mask_token_id"), eos_token_id=d.get("eos_token_id"), pad_token_id=d.get("pad_token_id"),
+        bos_token_id=d.get("bos_token_id"),
+    )
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {directory}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        part = load_file(str(f))
+        clash = sorted(set(part) & set(state))
+        if clash:
+            raise ValueError(f"keys {clash[:5]} appear in more than one shard ({f.name})")
+        state.update(part)
+    return state
+
+
+def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = None):
+    """Load a LLaDA / LLaDA-V checkpoint directory (``*.safetensors`` + ``config.json``) into our classes.
+
+    ``config`` (optional) overrides ``config.json``. A ``llava`` config (text_config of type "llada")
+    gives a ``LlavaForConditionalGeneration``; a ``llada`` config gives ``LladaForMaskedDiffusion``; an
+    OLMo-style LLaDA config (it has ``d_model``) is converted with ``llada_config_from_olmo``. LLaDA-V's
+    own ``llava_llada`` config names its vision tower by hub id only - pass ``config`` for it.
+    """
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    directory = Path(directory)
+    if config is None:
+        path = directory / "config.json"
+        if not path.exists():
+            raise ValueError(f"{directory} has no config.json; pass config=")
+        raw = json.loads(path.read_text())
+        if "d_model" in raw:
+            config = llada_config_from_olmo(raw)
+        elif raw.get("model_type") == "llava":
+            config = LlavaConfig.from_dict(raw)
+        elif raw.get("model_type") == "llada":
+            config = LladaConfig.from_dict(raw)
+        else:
+            raise ValueError(f"config.json has model_type {raw.get('model_type')!r}; expected 'llava' (with a "
+                             "'llada' text_config) or 'llada', or pass config=")
+    if isinstance(config, LladaConfig):
+        model, target = LladaForMaskedDiffusion(config), "lm"
+    elif getattr(getattr(config, "text_config", None), "model_type", None) == "llada":
+        model, target = LlavaForConditionalGeneration(config), "vlm"
+    else:
+        raise ValueError(f"config {type(config).__name__} is neither a LladaConfig nor a LLaVA config with a "
+                         "'llada' text_config")
+    if dtype is not None:
+        model = model.to(dtype)
+    load_mapped_state(model, _read_safetensors(directory), target, drop)
+    return model.eval()
+
+
+def decoder_stack(model: torch.nn.Module) -> torch.nn.Module:
+    """The text decoder stack (``.layers``, ``.norm``, ``.rotary_emb``, ``.embed_tokens``) of a LLaVA
+    (``model.language_model``), a ``*ForCausalLM`` / ``LladaForMaskedDiffusion`` (``model``) or a bare stack."""
+    for path in ("model.language_model", "model", ""):
+        obj = model
+        for part in filter(None, path.split(".")):
+            obj = getattr(obj, part, None)
+        if isinstance(getattr(obj, "layers", None), torch.nn.ModuleList) and hasattr(obj, "rotary_emb"):
+            return obj
+    raise ValueError(f"cannot find a text decoder stack (with .layers and .rotary_emb) in {type(model).__name__}")

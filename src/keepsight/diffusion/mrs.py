@@ -1,0 +1,195 @@
+"""Monotonic RoPE Scaling (MRS) and the NTK / YaRN drop-in baselines (SPEC section C).
+
+MRS reweights RoPE's frequency pairs with gains ``g_i = 1 + beta * s(tau_i)`` that grow toward the low
+frequencies (``keepsight.ops.rope``). Our reading of the paper (it gives no formula):
+
+- ``mode="amplitude"`` (default): the attention-logit contribution of pair i is multiplied by g_i. A
+  forward hook on the text model's rotary module scales its ``(cos, sin) [B, T, D]`` output for pair i
+  (dims i and i + D/2) by ``sqrt(g_i)``; q and k are both rotated with those, so q.k of pair i gets g_i.
+- ``mode="frequency"``: ``inv_freq_i / g_i`` (the rotary module's ``inv_freq`` buffer is swapped).
+
+Segments: ``"all"`` (default) or a subset of {"visual", "prompt", "generation"}. Transformers rotates q and
+k with the same cos/sin, so the scaling is per *token*: a token in the chosen segments has both its query
+and its key scaled. A logit between two chosen tokens gets g_i per pair, between a chosen and an
+unchosen token sqrt(g_i) (amplitude mode), between two unchosen tokens 1. Segment membership is read per
+forward from the ``input_ids`` given to the model passed to ``apply`` (visual = image token; generation =
+columns >= ``gen_start``; prompt = the other columns before ``gen_start``), or from ``segment_mask``
+(a ``[B, T]`` bool tensor or a callable ``input_ids -> [B, T]``; it overrides ``segments``). Segment
+subsets need full-sequence forwards (no KV cache), which is what a diffusion sampler does.
+
+Works on any transformers-5 text stack with ``rotary_emb`` (Llada, LLaMA, Qwen3) and on LLaVA around one.
+``beta = 0`` leaves every logit bit-identical.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+import torch
+
+from keepsight.diffusion.model import decoder_stack
+from keepsight.ops.rope import SCHEDULES, rope_gains, scale_rotary, scaled_inv_freq
+
+SEGMENTS = ("visual", "prompt", "generation")
+MODES = ("amplitude", "frequency")
+
+
+def _input_ids_of(args, kwargs) -> torch.Tensor | None:
+    ids = kwargs.get("input_ids")
+    if ids is None and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+        ids = args[0]
+    return ids
+
+
+class MonotonicRoPEScaling:
+    """``with MonotonicRoPEScaling(beta=0.01).apply(model): model(...)``; see the module docstring."""
+
+    def __init__(self, beta: float, eta: float = 8.0, tau0: float = 0.6, schedule: str = "sigmoid",
+                 mode: str = "amplitude", segments: str | Iterable[str] = "all"):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose from {SCHEDULES}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if segments != "all":
+            segments = frozenset([segments] if isinstance(segments, str) else segments)
+            bad = sorted(segments - set(SEGMENTS))
+            if bad or not segments:
+                raise ValueError(f"segments must be 'all' or a non-empty subset of {SEGMENTS}, got {sorted(segments)}")
+            if segments == set(SEGMENTS):
+                segments = "all"
+        self.beta, self.eta, self.tau0, self.schedule, self.mode, self.segments = (
+            beta, eta, tau0, schedule, mode, segments)
+
+    def gains(self, head_dim: int) -> torch.Tensor:
+        """``g [head_dim / 2]`` (float64)."""
+        return rope_gains(head_dim, self.beta, self.eta, self.tau0, self.schedule)
+
+    def _segment_where(self, ids: torch.Tensor, gen_start, image_token_id) -> torch.Tensor:
+        """``[B, T]`` bool: tokens of the chosen segments."""
+        col = torch.arange(ids.shape[1], device=ids.device)[None]  # [1, T]
+        visual = ids == image_token_id if image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
+        out = torch.zeros_like(ids, dtype=torch.bool)
+        if "visual" in self.segments:
+            out |= visual
+        if "generation" in self.segments:
+            out |= (col >= gen_start).expand_as(ids)
+        if "prompt" in self.segments:
+            out |= (col < gen_start) & ~visual
+        return out
+
+    @contextmanager
+    def apply(self, model: torch.nn.Module, *, gen_start: int | None = None, image_token_id: int | None = None,
+              segment_mask: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None):
+        """Scale RoPE inside the ``with`` block; hooks and buffers are restored on exit."""
+        rotary = decoder_stack(model).rotary_emb
+        gains = self.gains(rotary.inv_freq.shape[-1] * 2)  # [D/2]
+        handles, state = [], {"ids": None}
+        auto = self.segments != "all" and segment_mask is None
+        if auto:
+            if image_token_id is None:
+                cfg = getattr(model, "config", None)
+                image_token_id = getattr(cfg, "image_token_id", None)
+                if image_token_id is None:
+                    image_token_id = getattr(cfg, "image_token_index", None)
+            if "visual" in self.segments and image_token_id is None:
+                raise ValueError("segment 'visual' needs image_token_id (the model config names none)")
+            if self.segments & {"prompt", "generation"} and gen_start is None:
+                raise ValueError(f"segments {sorted(self.segments)} need gen_start (first generation column)")
+
+        def grab(module, args, kwargs):
+            state["ids"] = _input_ids_of(args, kwargs)
+
+        def where_now() -> torch.Tensor | None:
+            if isinstance(segment_mask, torch.Tensor):
+                return segment_mask.bool()
+            if segment_mask is None and self.segments == "all":
+                return None
+            if state["ids"] is None:
+                raise RuntimeError("MRS segments need input_ids on the model's forward (got inputs_embeds only); "
+                                   "pass segment_mask= as a [B, T] tensor")
+            if callable(segment_mask):
+                return segment_mask(state["ids"]).bool()
+            return self._segment_where(state["ids"], gen_start, image_token_id)
+
+        original = (rotary.inv_freq, rotary.attention_scaling)
+        new_freq = scaled_inv_freq(rotary.inv_freq, gains)
+
+        def amplitude_hook(module, args, kwargs, out):
+            cos, sin = out  # [B|1, T, D]
+            return scale_rotary(cos, sin, gains, where_now())
+
+        def frequency_hook(module, args, kwargs, out):
+            where = where_now()  # [B, T]
+            module.inv_freq = new_freq
+            try:
+                alt = module.forward(*args, **kwargs)  # plain forward: no hooks, no recursion
+            finally:
+                module.inv_freq = original[0]
+            w = where[..., None].to(out[0].device)  # [B, T, 1]
+            return tuple(torch.where(w, a, o) for a, o in zip(alt, out))
+
+        try:
+            if auto or callable(segment_mask):
+                handles.append(model.register_forward_pre_hook(grab, with_kwargs=True))
+            if self.mode == "amplitude":
+                handles.append(rotary.register_forward_hook(amplitude_hook, with_kwargs=True))
+            elif segment_mask is None and self.segments == "all":
+                rotary.inv_freq = new_freq
+            else:
+                handles.append(rotary.register_forward_hook(frequency_hook, with_kwargs=True))
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            rotary.inv_freq, rotary.attention_scaling = original
+
+
+class RoPEBaseline:
+    """NTK-aware or YaRN inverse frequencies swapped into the model's rotary module inside ``apply``,
+    computed with ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` from the model's own config.
+
+    ``kind="ntk"``: static NTK-aware scaling, base -> base * factor ** (D / (D - 2)); transformers'
+    "dynamic" function evaluated at the length where its multiplier equals that (at lengths up to
+    ``max_position_embeddings`` the dynamic variant itself is a no-op). ``kind="yarn"``: transformers'
+    "yarn" with ``factor`` and ``original_max_position_embeddings`` (default: the config's
+    ``max_position_embeddings``); its attention factor (mscale) replaces ``attention_scaling``."""
+
+    KINDS = {"ntk": "dynamic", "yarn": "yarn"}
+
+    def __init__(self, kind: str = "ntk", factor: float = 2.0, original_max_position_embeddings: int | None = None,
+                 **rope_extra):
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {sorted(self.KINDS)}, got {kind!r}")
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        self.kind, self.factor, self.rope_extra = kind, factor, rope_extra
+        self.original_max = original_max_position_embeddings
+
+    def inv_freq(self, rotary: torch.nn.Module) -> tuple[torch.Tensor, float]:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        cfg = copy.deepcopy(rotary.config)
+        theta = cfg.rope_parameters["rope_theta"]
+        cfg.rope_parameters = {
+            "rope_type": self.KINDS[self.kind], "rope_theta": theta, "factor": float(self.factor),
+            "original_max_position_embeddings": self.original_max or cfg.max_position_embeddings, **self.rope_extra}
+        kwargs = {}
+        if self.kind == "ntk":  # evaluate the dynamic formula where its base multiplier is factor ** (d / (d - 2))
+            kwargs["seq_len"] = cfg.max_position_embeddings * (2 * self.factor - 1) / self.factor
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.KINDS[self.kind]](cfg, rotary.inv_freq.device, **kwargs)
+        return inv_freq.to(rotary.inv_freq.dtype), float(scaling)
+
+    @contextmanager
+    def apply(self, model: torch.nn.Module):
+        rotary = decoder_stack(model).rotary_emb
+        original = (rotary.inv_freq, rotary.attention_scaling)
+        inv_freq, scaling = self.inv_freq(rotary)
+        try:
+            rotary.inv_freq, rotary.attention_scaling = inv_freq, scaling
+            yield self
+        finally:
+            rotary.inv_freq, rotary.attention_scaling = original

@@ -1,0 +1,209 @@
+"""LLaDA-style sampler for masked-diffusion LMs and VLMs (SPEC section C, "Sampler").
+
+The prompt ``[B, P]`` is followed by ``gen_length`` mask slots. The slots are decoded block by block
+(``block_length``, left to right); each block gets ``steps // n_blocks`` steps and each step commits a
+share of the block's masked slots (spread as evenly as possible, earlier steps take the remainder).
+Every step is one full bidirectional forward (no cache; ``pixel_values`` go in on every forward). At
+each still-masked slot of the current block the model's token is chosen (argmax, or Gumbel-max at
+``temperature > 0``) and scored (``low_confidence``: softmax probability of the chosen token under the
+untempered, guided logits; ``random``: uniform noise); the top-k scored slots are committed.
+
+Choices (ours): bad arguments are ``ValueError``s, never silently adjusted. The mask token is never
+predicted (its logit is -inf), so a committed slot never stays masked. Padded prompts get position ids
+``cumsum(attention_mask) - 1`` (left or right padding both work). ``cfg_scale == 0`` skips the
+unconditional pass entirely (exactly no guidance); with ``cfg_scale > 0`` the unconditional pass masks
+every non-pad prompt token, image tokens included, and therefore gets no ``pixel_values``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass
+class StepTrace:
+    """What one denoising step did. Lists are per batch row; positions index the full sequence."""
+
+    block: int
+    step: int  # global step index, 0-based
+    positions: list[list[int]]
+    tokens: list[list[int]]
+    confidences: list[list[float]]
+    n_masked: list[int]  # generation slots still masked after this step
+
+
+@dataclass
+class DiffusionOutput:
+    sequences: torch.Tensor  # [B, P + G] prompt + generated ids
+    prompt_length: int
+    trace: list[StepTrace] = field(default_factory=list)
+
+    @property
+    def generated(self) -> torch.Tensor:  # [B, G]
+        return self.sequences[:, self.prompt_length:]
+
+
+def resolve_mask_token_id(model=None, tokenizer=None, mask_token_id: int | None = None) -> int:
+    """The mask token id: explicit, else the tokenizer's, else ``config.mask_token_id`` (or the text
+    config's). ``ValueError`` when none has one."""
+    if mask_token_id is not None:
+        return int(mask_token_id)
+    if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    config = getattr(model, "config", None)
+    for cfg in (config, getattr(config, "text_config", None)):
+        if getattr(cfg, "mask_token_id", None) is not None:
+            return int(cfg.mask_token_id)
+    raise ValueError("no mask token: the tokenizer has no mask_token and the model config no mask_token_id; "
+                     "a masked-diffusion sampler needs one (pass mask_token_id=)")
+
+
+def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to commit per step: ``[B]`` masked counts -> ``[B, steps]``, rows sum to ``n_masked``,
+    as even as possible (the first ``n % steps`` steps take one extra)."""
+    base, rem = n_masked // steps, n_masked % steps  # [B], [B]
+    extra = torch.arange(steps, device=n_masked.device)[None] < rem[:, None]  # [B, steps]
+    return base[:, None] + extra.long()
+
+
+def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """Classifier-free guidance: ``uncond + (cfg_scale + 1) * (cond - uncond)``."""
+    return uncond + (cfg_scale + 1.0) * (cond - uncond)
+
+
+def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
+    if gen_length < 1:
+        raise ValueError(f"gen_length must be >= 1, got {gen_length}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if block_length < 1 or gen_length % block_length:
+        raise ValueError(f"block_length {block_length} must be >= 1 and divide gen_length {gen_length}")
+    n_blocks = gen_length // block_length
+    if steps % n_blocks:
+        raise ValueError(f"steps {steps} must be divisible by the number of blocks {n_blocks} "
+                         f"(gen_length {gen_length} / block_length {block_length})")
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if cfg_scale < 0:
+        raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
+    return n_blocks, steps // n_blocks
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    pixel_values: torch.Tensor | None = None,
+    *,
+    mask_token_id: int | None = None,
+    gen_length: int,
+    steps: int,
+    block_length: int | None = None,
+    temperature: float = 0.0,
+    cfg_scale: float = 0.0,
+    remasking: str = "low_confidence",
+    suppress_token_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    trace: bool = False,
+    callback: Callable[[StepTrace, torch.Tensor], None] | None = None,
+    model_kwargs: dict | None = None,
+) -> DiffusionOutput:
+    """Decode ``gen_length`` tokens after ``input_ids [B, P]`` in ``steps`` denoising steps.
+
+    ``model``: a ``LladaForMaskedDiffusion`` or a LLaVA with a Llada language model (anything called as
+    ``model(input_ids=, attention_mask=, [position_ids=], [pixel_values=]).logits -> [B, T, V]``).
+    ``mask_token_id`` defaults to the model config's. ``suppress_token_ids`` get -inf logits at the
+    generation slots (LLaDA-V suppresses eos/pad/header ids). ``generator`` drives the Gumbel and
+    random-remasking noise, so outputs depend only on it. ``trace=True`` fills ``output.trace`` with one
+    ``StepTrace`` per step; ``callback(step_trace, x)`` is called after every step with the ids ``[B, T]``.
+    ``model_kwargs`` go to the conditional forward (e.g. ``image_sizes``).
+    """
+    mask_id = resolve_mask_token_id(model, mask_token_id=mask_token_id)
+    block_length = gen_length if block_length is None else block_length
+    n_blocks, steps_per_block = _check(gen_length, steps, block_length, temperature, cfg_scale, remasking)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, P], got shape {tuple(input_ids.shape)}")
+    B, P = input_ids.shape
+    device = input_ids.device
+    x = torch.cat([input_ids, input_ids.new_full((B, gen_length), mask_id)], dim=1)  # [B, T = P + G]
+    am = None
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} "
+                             f"!= input_ids shape {tuple(input_ids.shape)}")
+        am = torch.cat([attention_mask.long(), attention_mask.new_ones((B, gen_length)).long()], dim=1)  # [B, T]
+    cond_kwargs = dict(model_kwargs or {})
+    if pixel_values is not None:
+        cond_kwargs["pixel_values"] = pixel_values
+    base_kwargs = {}
+    if am is not None:
+        base_kwargs["attention_mask"] = am
+        if not bool(am.all()):
+            base_kwargs["position_ids"] = (am.cumsum(-1) - 1).clamp(min=0)  # [B, T]
+    suppress = torch.tensor(sorted({*map(int, suppress_token_ids), mask_id}), device=device)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if int(suppress.min()) < 0 or int(suppress.max()) >= vocab:
+        raise ValueError(f"suppress_token_ids / mask_token_id {suppress.tolist()} must lie in [0, {vocab})")
+    if cfg_scale > 0:
+        prompt_real = am[:, :P].bool() if am is not None else torch.ones_like(input_ids, dtype=torch.bool)
+
+    records: list[StepTrace] = []
+    step = 0
+    for b in range(n_blocks):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length  # current block [lo, hi)
+        schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block)  # [B, steps_per_block]
+        for s in range(steps_per_block):
+            logits = model(input_ids=x, **base_kwargs, **cond_kwargs).logits[:, lo:hi]  # [B, L, V]
+            if cfg_scale > 0:
+                uncond_x = x.clone()
+                uncond_x[:, :P][prompt_real] = mask_id
+                uncond = model(input_ids=uncond_x, **base_kwargs).logits[:, lo:hi]  # [B, L, V]
+                logits = guided_logits(logits, uncond, cfg_scale)
+            logits = logits.double()
+            logits[..., suppress] = float("-inf")
+            if temperature > 0:  # Gumbel-max: argmax(l / T + g) samples softmax(l / T)
+                u = _rand(logits.shape, generator, device)
+                expo = -torch.log(u.clamp_min(1e-300))  # Exp(1) noise, > 0
+                gumbel = -torch.log(expo.clamp_min(1e-300))  # Gumbel(0, 1)
+                pred = (logits / temperature + gumbel).argmax(-1)  # [B, L]
+            else:
+                pred = logits.argmax(-1)  # [B, L]
+            if remasking == "low_confidence":
+                conf = logits.softmax(-1).gather(-1, pred[..., None])[..., 0]  # [B, L]
+            else:
+                conf = _rand(pred.shape, generator, device)
+            masked = x[:, lo:hi] == mask_id  # [B, L]
+            score = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
+            rec = StepTrace(b, step, [], [], [], [])
+            for r in range(B):
+                k = int(schedule[r, s])
+                idx = torch.topk(score[r], k).indices if k else _empty_index(device)  # [k] within the block
+                x[r, lo + idx] = pred[r, idx]
+                rec.positions.append((lo + idx).tolist())
+                rec.tokens.append(pred[r, idx].tolist())
+                rec.confidences.append(conf[r, idx].tolist())
+                rec.n_masked.append(int((x[r, P:] == mask_id).sum()))
+            if trace:
+                records.append(rec)
+            if callback is not None:
+                callback(rec, x)
+            step += 1
+    return DiffusionOutput(sequences=x, prompt_length=P, trace=records)
+
+
+def _empty_index(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.long, device=device)
+
+
+def _rand(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Uniform float64 noise drawn on the generator's device (so a seed means the same on any device)."""
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=where).to(device)

@@ -1,0 +1,170 @@
+"""LLaDA-style masked-diffusion sampler on a tiny Llada LM and a tiny LLaVA-with-Llada VLM."""
+
+import pytest
+import torch
+from PIL import Image
+
+from keepsight.diffusion import (
+    LladaConfig,
+    LladaForMaskedDiffusion,
+    build_llada_lm,
+    build_llada_v,
+    generate,
+    guided_logits,
+    resolve_mask_token_id,
+    transfer_schedule,
+)
+from keepsight.world.data import chat_example
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny matmuls: one intra-op thread is as fast, and far faster when the other core is busy."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(processor):
+    return build_llada_lm(processor.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def prompt(processor):
+    return processor.tokenizer(["<bos> user : describe the scene . assistant :"], return_tensors="pt")["input_ids"]
+
+
+def _calls(model):
+    """Record the kwargs of every top-level forward of ``model``."""
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a, kw: calls.append(dict(kw)), with_kwargs=True)
+    return calls, handle
+
+
+def test_transfer_schedule_is_even_and_sums_to_the_masked_count():
+    sched = transfer_schedule(torch.tensor([7, 4, 0]), 3)
+    assert sched.tolist() == [[3, 2, 2], [2, 1, 1], [0, 0, 0]]
+
+
+def test_one_token_per_step_in_confidence_order(lm, prompt):
+    mask_id = lm.config.mask_token_id
+    G = 6
+    out = generate(lm, prompt, gen_length=G, steps=G, trace=True)
+    P = prompt.shape[1]
+    assert out.sequences.shape == (1, P + G) and out.generated.shape == (1, G)
+    assert not (out.generated == mask_id).any()
+    assert [len(s.positions[0]) for s in out.trace] == [1] * G
+    assert [s.n_masked[0] for s in out.trace] == list(range(G - 1, -1, -1))
+    order = [s.positions[0][0] for s in out.trace]
+    assert sorted(order) == list(range(P, P + G))
+    # replay: before step s the slots committed at steps >= s are masked; the committed slot is the most
+    # confident masked slot, and its token is the argmax (mask token excluded)
+    for s, rec in enumerate(out.trace):
+        x = out.sequences.clone()
+        x[0, order[s:]] = mask_id
+        logits = lm(x).logits[0].detach().double()  # [T, V]
+        logits[:, mask_id] = float("-inf")
+        probs = logits.softmax(-1)
+        conf, tok = probs.max(-1)  # [T]
+        masked = torch.tensor(order[s:])
+        assert order[s] == int(masked[conf[masked].argmax()])
+        assert rec.tokens[0][0] == int(tok[order[s]])
+        assert rec.confidences[0][0] == pytest.approx(float(conf[order[s]]), rel=1e-9)
+
+
+def test_blocks_are_decoded_left_to_right(lm, prompt):
+    P = prompt.shape[1]
+    out = generate(lm, prompt, gen_length=6, steps=3, block_length=2, trace=True)
+    assert [rec.block for rec in out.trace] == [0, 1, 2]
+    for b, rec in enumerate(out.trace):
+        assert sorted(rec.positions[0]) == [P + 2 * b, P + 2 * b + 1]  # 2 tokens per step, inside block b
+
+
+def test_outputs_depend_only_on_the_generator(lm, prompt):
+    kw = dict(gen_length=8, steps=4, temperature=1.0, remasking="random")
+    torch.manual_seed(1)
+    a = generate(lm, prompt, generator=torch.Generator().manual_seed(3), **kw).sequences
+    torch.manual_seed(2)
+    b = generate(lm, prompt, generator=torch.Generator().manual_seed(3), **kw).sequences
+    c = generate(lm, prompt, generator=torch.Generator().manual_seed(4), **kw).sequences
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_cfg_zero_is_no_guidance_and_cfg_masks_the_prompt(lm, prompt):
+    calls, handle = _calls(lm)
+    try:
+        plain = generate(lm, prompt, gen_length=4, steps=2).sequences
+        assert len(calls) == 2
+        calls.clear()
+        zero = generate(lm, prompt, gen_length=4, steps=2, cfg_scale=0.0).sequences
+        assert len(calls) == 2 and torch.equal(plain, zero)
+        calls.clear()
+        generate(lm, prompt, gen_length=4, steps=2, cfg_scale=1.5)
+    finally:
+        handle.remove()
+    assert len(calls) == 4  # conditional + unconditional per step
+    uncond = calls[1]["input_ids"]
+    assert (uncond[0, : prompt.shape[1]] == lm.config.mask_token_id).all()
+    cond, unc = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    torch.testing.assert_close(guided_logits(cond, unc, 0.0), cond)
+    torch.testing.assert_close(guided_logits(cond, unc, 1.0), 2 * cond - unc)
+
+
+def test_suppressed_tokens_never_appear(lm, prompt):
+    free = generate(lm, prompt, gen_length=6, steps=3).generated
+    banned = sorted(set(free.flatten().tolist()))
+    out = generate(lm, prompt, gen_length=6, steps=3, suppress_token_ids=banned).generated
+    assert not set(out.flatten().tolist()) & set(banned)
+
+
+def test_padded_batch_matches_single_rows(lm, processor):
+    tok = processor.tokenizer
+    texts = ["<bos> user : describe the scene . assistant :", "<bos> user : is there a red circle ? assistant :"]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    out = generate(lm, batch["input_ids"], batch["attention_mask"], gen_length=4, steps=4).generated
+    for r, text in enumerate(texts):
+        single = generate(lm, tok([text], return_tensors="pt")["input_ids"], gen_length=4, steps=4).generated
+        assert torch.equal(out[r], single[0])
+
+
+def test_vlm_gets_pixel_values_on_every_conditional_forward(processor):
+    vlm = build_llada_v(processor)
+    img = Image.new("RGB", (64, 64), (20, 200, 30))
+    enc = processor(images=[img], text=[chat_example(processor, "describe the scene .")], return_tensors="pt")
+    calls, handle = _calls(vlm)
+    try:
+        out = generate(vlm, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=4, steps=2,
+                       cfg_scale=1.0)
+    finally:
+        handle.remove()
+    assert out.generated.shape == (1, 4)
+    assert ["pixel_values" in c for c in calls] == [True, False, True, False]  # uncond: image tokens masked
+    assert not (calls[1]["input_ids"] == processor.tokenizer.image_token_id).any()
+
+
+def _tokenizer_without_mask():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "b": 2}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+
+
+def test_bad_inputs_raise_clear_errors(lm, prompt):
+    with pytest.raises(ValueError, match="no mask token"):
+        resolve_mask_token_id(tokenizer=_tokenizer_without_mask())
+    cfg = LladaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ValueError, match="no mask token"):
+        generate(LladaForMaskedDiffusion(cfg), torch.tensor([[1, 2]]), gen_length=2, steps=2)
+    with pytest.raises(ValueError, match="gen_length must be >= 1, got 0"):
+        generate(lm, prompt, gen_length=0, steps=1)
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        generate(lm, prompt, gen_length=4, steps=0)
+    with pytest.raises(ValueError, match="block_length 3 .* gen_length 8"):
+        generate(lm, prompt, gen_length=8, steps=4, block_length=3)
+    with pytest.raises(ValueError, match="steps 3 must be divisible by the number of blocks 2"):
+        generate(lm, prompt, gen_length=8, steps=3, block_length=4)
+    with pytest.raises(ValueError, match="remasking"):
+        generate(lm, prompt, gen_length=4, steps=2, remasking="entropy")

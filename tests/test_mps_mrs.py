@@ -1,0 +1,313 @@
+"""Mask Prior Suppression and Monotonic RoPE Scaling (plus NTK / YaRN baselines) on tiny models."""
+
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from keepsight.diffusion import (
+    MaskPriorSuppression,
+    MonotonicRoPEScaling,
+    RoPEBaseline,
+    build_llada_lm,
+    build_llada_v,
+    decoder_stack,
+    lone_mask_top_tokens,
+    prior_cosine,
+)
+from keepsight.diffusion.mps import real_vocab_ids
+from keepsight.ops.rope import (
+    SCHEDULES,
+    apply_rotary,
+    default_inv_freq,
+    frequency_positions,
+    pair_contributions,
+    rope_gains,
+    rotary_cos_sin,
+    scale_rotary,
+    schedule,
+)
+from keepsight.world.data import chat_example
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny matmuls: one intra-op thread is as fast, and far faster when the other core is busy."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(processor):
+    return build_llada_lm(processor.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def vlm(processor):
+    return build_llada_v(processor)
+
+
+@pytest.fixture(scope="module")
+def vlm_inputs(processor):
+    img = Image.new("RGB", (64, 64), (30, 30, 220))
+    text = chat_example(processor, "describe the scene .") + " <mask> <mask> <mask> <mask>"
+    return processor(images=[img], text=[text], return_tensors="pt")
+
+
+# ----------------------------------------------------------------------------- RoPE schedules and gains
+
+
+@pytest.mark.parametrize("kind", SCHEDULES)
+def test_schedules_are_monotone_from_zero_to_one(kind):
+    tau = frequency_positions(64)
+    s = schedule(tau, kind, eta=2.0 if kind == "power" else 8.0, tau0=0.6)
+    assert float(s[0]) == pytest.approx(0.0, abs=1e-12) and float(s[-1]) == pytest.approx(1.0, abs=1e-12)
+    assert (s.diff() > 0).all()  # strictly increasing in the frequency index
+
+
+def test_rope_gains():
+    g = rope_gains(32, beta=0.5)
+    assert g.shape == (16,) and float(g[0]) == pytest.approx(1.0) and float(g[-1]) == pytest.approx(1.5)
+    assert torch.equal(rope_gains(32, beta=0.0), torch.ones(16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedule(frequency_positions(4), "step")
+
+
+def test_amplitude_scaling_multiplies_each_pair_contribution_by_its_gain():
+    D, T = 16, 5
+    gains = rope_gains(D, beta=0.7, eta=4.0)
+    cos, sin = rotary_cos_sin(torch.arange(T)[None], default_inv_freq(D))  # [1, T, D]
+    q, k = torch.randn(1, 2, T, D, dtype=torch.float64), torch.randn(1, 2, T, D, dtype=torch.float64)
+    plain = pair_contributions(apply_rotary(q, cos.double(), sin.double()), apply_rotary(k, cos.double(), sin.double()))
+    cos2, sin2 = scale_rotary(cos.double(), sin.double(), gains)
+    scaled = pair_contributions(apply_rotary(q, cos2, sin2), apply_rotary(k, cos2, sin2))  # [1, 2, T, T, D/2]
+    torch.testing.assert_close(scaled, plain * gains)
+    # per-token segments: a pair between a scaled and an unscaled token gets sqrt(g)
+    where = torch.tensor([[True, False, True, False, False]])
+    cos3, sin3 = scale_rotary(cos.double(), sin.double(), gains, where)
+    seg = pair_contributions(apply_rotary(q, cos3, sin3), apply_rotary(k, cos3, sin3))
+    torch.testing.assert_close(seg[..., 0, 2, :], plain[..., 0, 2, :] * gains)
+    torch.testing.assert_close(seg[..., 0, 1, :], plain[..., 0, 1, :] * gains.sqrt())
+    torch.testing.assert_close(seg[..., 1, 3, :], plain[..., 1, 3, :])
+
+
+def test_mrs_hook_scales_the_models_rotary_output_and_is_removed(lm):
+    rotary = decoder_stack(lm).rotary_emb
+    x, pos = torch.zeros(1, 6, 128), torch.arange(6)[None]
+    cos, sin = rotary(x, pos)  # [1, 6, 32]
+    mrs = MonotonicRoPEScaling(beta=0.3)
+    factor = torch.cat([mrs.gains(32).sqrt()] * 2).float()  # [32]
+    with mrs.apply(lm):
+        cos2, sin2 = rotary(x, pos)
+    torch.testing.assert_close(cos2, cos * factor)
+    torch.testing.assert_close(sin2, sin * factor)
+    assert not rotary._forward_hooks and torch.equal(rotary(x, pos)[0], cos)
+
+
+@pytest.mark.parametrize("mode", ["amplitude", "frequency"])
+@pytest.mark.parametrize("segments", ["all", ["visual", "generation"]])
+def test_beta_zero_is_bit_identical_on_the_vlm(vlm, vlm_inputs, mode, segments):
+    base = vlm(**vlm_inputs).logits
+    gen_start = vlm_inputs["input_ids"].shape[1] - 4
+    with MonotonicRoPEScaling(beta=0.0, mode=mode, segments=segments).apply(vlm, gen_start=gen_start):
+        same = vlm(**vlm_inputs).logits
+    assert torch.equal(same, base)
+    with MonotonicRoPEScaling(beta=2.0, mode=mode, segments=segments).apply(vlm, gen_start=gen_start):
+        assert not torch.allclose(vlm(**vlm_inputs).logits, base)
+    assert torch.equal(vlm(**vlm_inputs).logits, base)  # restored
+
+
+def test_frequency_mode_divides_inv_freq_by_the_gains(lm, vlm, vlm_inputs):
+    rotary = decoder_stack(lm).rotary_emb
+    original = rotary.inv_freq.clone()
+    mrs = MonotonicRoPEScaling(beta=0.5, mode="frequency")
+    with mrs.apply(lm):
+        torch.testing.assert_close(rotary.inv_freq, (original.double() / mrs.gains(32)).float())
+    assert torch.equal(rotary.inv_freq, original)
+    # segment subset: chosen tokens get cos/sin of the slowed frequencies, the others the original ones
+    rot = decoder_stack(vlm).rotary_emb
+    ids = vlm_inputs["input_ids"]
+    T, gen_start = ids.shape[1], ids.shape[1] - 4
+    seen = []
+    with MonotonicRoPEScaling(beta=0.5, mode="frequency", segments="generation").apply(vlm, gen_start=gen_start):
+        handle = rot.register_forward_hook(lambda m, a, o: seen.append(o[0]))  # runs after the MRS hook
+        try:
+            vlm(**vlm_inputs)
+        finally:
+            handle.remove()
+    slow_cos, _ = rotary_cos_sin(torch.arange(T)[None], (rot.inv_freq.double() / mrs.gains(32)).float())
+    plain_cos, _ = rotary_cos_sin(torch.arange(T)[None], rot.inv_freq)
+    torch.testing.assert_close(seen[0][0, gen_start:], slow_cos[0, gen_start:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(seen[0][0, :gen_start], plain_cos[0, :gen_start], atol=1e-5, rtol=1e-5)
+
+
+def test_mrs_and_baselines_on_an_autoregressive_qwen3(processor):
+    from transformers import Qwen3ForCausalLM
+
+    from keepsight.world.models import get_preset, text_config
+
+    torch.manual_seed(0)
+    qwen = Qwen3ForCausalLM(text_config(get_preset("tiny-llava"), processor.tokenizer)).eval()
+    ids = torch.randint(9, 150, (1, 7))
+    base = qwen(ids).logits
+    with MonotonicRoPEScaling(beta=0.0).apply(qwen):
+        assert torch.equal(qwen(ids).logits, base)
+    with MonotonicRoPEScaling(beta=0.5).apply(qwen):
+        out = qwen.generate(ids, max_new_tokens=3, do_sample=False)
+        assert out.shape == (1, 10) and not torch.allclose(qwen(ids).logits, base)
+    rotary, D = decoder_stack(qwen).rotary_emb, 32
+    original = rotary.inv_freq.clone()
+    with RoPEBaseline("ntk", factor=4.0).apply(qwen):
+        theta = 10000.0 * 4.0 ** (D / (D - 2))
+        torch.testing.assert_close(rotary.inv_freq, default_inv_freq(D, theta))
+        qwen(ids)
+    with RoPEBaseline("yarn", factor=4.0).apply(qwen):
+        assert rotary.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1.0)
+        assert torch.equal(rotary.inv_freq[:1], original[:1]) and rotary.inv_freq[-1] < original[-1]
+        qwen(ids)
+    assert torch.equal(rotary.inv_freq, original) and rotary.attention_scaling == 1.0
+    assert torch.equal(qwen(ids).logits, base)
+
+
+def test_mrs_bad_arguments(vlm):
+    with pytest.raises(ValueError, match="segments"):
+        MonotonicRoPEScaling(0.1, segments=["text"])
+    with pytest.raises(ValueError, match="gen_start"):
+        with MonotonicRoPEScaling(0.1, segments=["generation"]).apply(vlm):
+            pass
+
+
+# ----------------------------------------------------------------------------- Mask Prior Suppression
+
+
+def _layer_outputs_by_hand(model, e):
+    """Decoder-layer outputs for embedding ``e [d]`` alone at position 0, without hooks: ``[L, d]``."""
+    stack = decoder_stack(model)
+    h = e[None, None]  # [1, 1, d]
+    pe = stack.rotary_emb(h, torch.zeros(1, 1, dtype=torch.long))
+    outs = []
+    for layer in stack.layers:
+        h = layer(h, attention_mask=None, position_embeddings=pe)
+        outs.append(h[0, 0])
+    return torch.stack(outs).detach()
+
+
+def test_prior_subspace_is_the_top_pca_directions_of_the_layer_states(lm, processor):
+    mps = MaskPriorSuppression(k=3).fit(lm, processor.tokenizer)
+    U = mps.U  # [d, k]
+    torch.testing.assert_close(U.T @ U, torch.eye(3), atol=1e-5, rtol=0)
+    emb = lm.model.embed_tokens.weight.detach()
+    ids = real_vocab_ids(processor.tokenizer, emb.shape[0])
+    assert processor.tokenizer.mask_token_id not in ids.tolist() and len(ids) == len(processor.tokenizer) - 9
+    states = _layer_outputs_by_hand(lm, emb[ids].mean(0))  # [L, d]
+    mu = states.mean(0)
+    V = torch.linalg.svd(states - mu).Vh[:3].T  # [d, 3]
+    torch.testing.assert_close(mps.mu, mu, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(U @ U.T, V @ V.T, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("center", [False, True])
+def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, vlm_inputs, processor, center):
+    lam = 0.3
+    mps = MaskPriorSuppression(k=3, lam=lam, center=center).fit(vlm, processor.tokenizer)
+    stack = decoder_stack(vlm)
+    grabbed = []
+    handle = stack.norm.register_forward_pre_hook(lambda m, a: grabbed.append(a[0][0].detach()))  # [T, d]
+    try:
+        base = vlm(**vlm_inputs).logits
+        with mps.apply(vlm):
+            vlm(**vlm_inputs)
+        with MaskPriorSuppression(k=3, lam=0.0, center=center).fit(vlm, processor.tokenizer).apply(vlm):
+            assert torch.equal(vlm(**vlm_inputs).logits, base)  # lam = 0: bit-identical
+    finally:
+        handle.remove()
+    before, after = grabbed[0], grabbed[1]
+    masked = vlm_inputs["input_ids"][0] == processor.tokenizer.mask_token_id  # [T]
+    assert int(masked.sum()) == 4
+    assert torch.equal(after[~masked], before[~masked])
+    U, shift = mps.U, (mps.mu if center else 0.0)
+    coef_b, coef_a = (before[masked] - shift) @ U, (after[masked] - shift) @ U  # [4, k]
+    torch.testing.assert_close(coef_a, (1 - lam) * coef_b, atol=1e-5, rtol=1e-5)
+    rest = torch.eye(U.shape[0]) - U @ U.T
+    torch.testing.assert_close(after[masked] @ rest, before[masked] @ rest, atol=1e-5, rtol=1e-5)
+    assert not stack.layers[-1]._forward_hooks and not vlm._forward_pre_hooks  # removed on exit
+
+
+def test_diagnostics(lm, processor):
+    mps = MaskPriorSuppression(k=2).fit(lm, processor.tokenizer)
+    inside = torch.randn(2) @ mps.U.T  # in the subspace
+    outside = torch.randn(128)
+    outside -= mps.U @ (mps.U.T @ outside)
+    assert float(prior_cosine(inside, mps.U)) == pytest.approx(1.0, abs=1e-5)
+    assert float(prior_cosine(outside, mps.U)) == pytest.approx(0.0, abs=1e-5)
+    top = lone_mask_top_tokens(lm, processor.tokenizer, k=3)
+    assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1]
+
+
+def test_priors_layers_and_cache(lm, processor, tmp_path, monkeypatch):
+    tok = processor.tokenizer
+    rnd = MaskPriorSuppression(k=4, prior="random", seed=1).fit(lm, tok)
+    torch.testing.assert_close(rnd.U.T @ rnd.U, torch.eye(4), atol=1e-5, rtol=0)
+    assert torch.equal(rnd.U, MaskPriorSuppression(k=4, prior="random", seed=1).fit(lm, tok).U)
+    freqs = torch.zeros(len(tok))
+    freqs[[20, 30, 40]] = torch.tensor([5.0, 9.0, 7.0])
+    top = MaskPriorSuppression(prior="topk", n_prior_tokens=2).fit(lm, tok, token_frequencies=freqs)
+    assert top.prior_tokens.tolist() == [30, 40]
+    assert len(MaskPriorSuppression(prior="topk", n_prior_tokens=5).fit(lm, tok).prior_tokens) == 5
+    ids = torch.tensor([[1, 20, 4, 4, 30]])
+    with MaskPriorSuppression(layers=[0, -1], lam=0.5).fit(lm, tok).apply(lm):
+        assert sum(bool(layer._forward_hooks) for layer in lm.model.layers) == 2
+        lm(ids)
+    assert not any(layer._forward_hooks for layer in lm.model.layers)
+    first = MaskPriorSuppression(cache_dir=tmp_path).fit(lm, tok)
+    assert len(list(tmp_path.glob("mps-*.safetensors"))) == 1
+    import keepsight.diffusion.mps as mps_mod
+
+    monkeypatch.setattr(mps_mod, "layer_states", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
+    again = MaskPriorSuppression(cache_dir=tmp_path).fit(lm, tok)
+    assert torch.equal(again.U, first.U) and torch.equal(again.mu, first.mu)
+
+
+def _tokenizer_without_mask():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "b": 2}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+
+
+def test_mps_bad_arguments(lm, processor):
+    from keepsight.diffusion import LladaConfig, LladaForMaskedDiffusion
+
+    with pytest.raises(ValueError, match="k = 129 exceeds the model width d = 128"):
+        MaskPriorSuppression(k=129).fit(lm, processor.tokenizer)
+    cfg = LladaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    with pytest.raises(ValueError, match="no mask token"):
+        MaskPriorSuppression(k=1).fit(LladaForMaskedDiffusion(cfg), _tokenizer_without_mask())
+    with pytest.raises(ValueError, match="out of range"):
+        MaskPriorSuppression(layers=[7]).fit(lm, processor.tokenizer)
+    with pytest.raises(ValueError, match="fit"):
+        with MaskPriorSuppression().apply(lm):
+            pass
+
+
+def test_segment_mask_callable_matches_named_segment_and_fixes_run_inside_the_sampler(vlm, processor):
+    from keepsight.diffusion import generate
+
+    tok = processor.tokenizer
+    img = Image.new("RGB", (64, 64), (200, 200, 30))
+    enc = processor(images=[img], text=[chat_example(processor, "describe the scene .")], return_tensors="pt")
+    mrs = MonotonicRoPEScaling(beta=1.0, segments=["visual"])
+    with mrs.apply(vlm):
+        named = vlm(**enc).logits
+    with mrs.apply(vlm, segment_mask=lambda ids: ids == tok.image_token_id):
+        assert torch.equal(vlm(**enc).logits, named)
+    P = enc["input_ids"].shape[1]
+    mps = MaskPriorSuppression(lam=0.5).fit(vlm, tok)
+    with mps.apply(vlm), MonotonicRoPEScaling(0.2, segments=["visual", "generation"]).apply(vlm, gen_start=P):
+        out = generate(vlm, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=4, steps=2)
+    assert out.generated.shape == (1, 4) and not (out.generated == tok.mask_token_id).any()
+    assert not vlm._forward_pre_hooks and not decoder_stack(vlm).rotary_emb._forward_hooks
