@@ -87,3 +87,9 @@ def test_bridge_train_errors(tiny_base, tmp_path, capsys):
     assert "has no bridge" in capsys.readouterr().err
     assert main(["bridge", "train", "--phase", "1", *common, "--out", str(tmp_path / "p1"), "--bridge", "qformer"]) == 2
     assert "unknown bridge kind 'qformer'" in capsys.readouterr().err
+
+
+def test_diffusion_train_needs_a_world_base(tiny_base, tmp_path, capsys):
+    argv = ["diffusion", "train", "--base", str(tmp_path), "--data", str(tiny_base / "data"), "--out", str(tmp_path / "d")]
+    assert main(argv) == 2
+    assert "no finished vision stage" in capsys.readouterr().err

@@ -212,6 +212,19 @@ def cmd_bridge_train(args) -> int:
     return 0
 
 
+def cmd_diffusion_train(args) -> int:
+    from .train.diffusion import DiffusionTrainConfig, train_diffusion
+
+    cfg = DiffusionTrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                               answer_length=args.answer_length, seed=args.seed)
+    summary = train_diffusion(args.base, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after)
+    if summary is None:
+        print(f"stopped at step {args.stop_after}; run the same command to resume")
+        return 0
+    print(f"masked-diffusion loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; model in {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.name == "probe-overhead":
         from .bench.probe_overhead import run
@@ -229,6 +242,10 @@ def cmd_bench(args) -> int:
         from .bench.needle import run
 
         run(args.out)
+    elif args.name == "diffusion":
+        from .bench.diffusion import run
+
+        run(args.out, repeats=args.repeats)
     elif args.name == "scan":
         from .bench.scan import run
 
@@ -352,8 +369,22 @@ def build_parser() -> argparse.ArgumentParser:
     btr.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
     btr.set_defaults(func=cmd_bridge_train)
 
+    df = sub.add_parser("diffusion", help="masked-diffusion VLMs").add_subparsers(dest="diffusion_command",
+                                                                                  required=True)
+    dtr = df.add_parser("train", help="train a tiny LLaDA-V-style VLM on the world (masked-diffusion objective)")
+    dtr.add_argument("--base", required=True, help="a world base directory (its vision stage gives the tower)")
+    dtr.add_argument("--data", required=True, help="a world directory")
+    dtr.add_argument("--out", required=True)
+    dtr.add_argument("--steps", type=int, default=2500)
+    dtr.add_argument("--lr", type=float, default=2e-3)
+    dtr.add_argument("--batch-size", type=int, default=16)
+    dtr.add_argument("--answer-length", type=int, default=64, help="generation window (answers cut / eos-filled)")
+    dtr.add_argument("--seed", type=int, default=0)
+    dtr.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    dtr.set_defaults(func=cmd_diffusion_train)
+
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
-    bn.add_argument("name", choices=["probe-overhead", "pvm-decode", "bridge-memory", "needle", "scan"])
+    bn.add_argument("name", choices=["probe-overhead", "pvm-decode", "bridge-memory", "needle", "scan", "diffusion"])
     bn.add_argument("--out", default="runs/bench")
     bn.add_argument("--batch", type=int, default=8)
     bn.add_argument("--new-tokens", type=int, default=128)

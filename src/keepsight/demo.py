@@ -15,10 +15,12 @@ from pathlib import Path
 from . import __version__
 from .atomic import write_json
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
+from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
 from .report.html import fmt, img_tag, table, write_report
 from .report.plots import plot_accuracy_by_index, plot_arms_by_index, plot_diagnosis
 from .report.summary import summary_markdown
+from .train.diffusion import DiffusionTrainConfig
 from .train.lora_control import LoRATrainConfig
 from .train.pvm_grpo import GRPOTrainConfig
 from .train.pvm_sft import PVMTrainConfig
@@ -42,6 +44,7 @@ class DemoProfile:
     dilution_objects: int | None = None  # default: the world's max_objects
     pvm: PVMExperiment | None = None  # the PVM arms (None: skip)
     bridge: BridgeExperiment | None = None  # the LIA-MTR vs MLP arms (None: skip)
+    diffusion: DiffusionExperiment | None = None  # the masked-diffusion VLM with MPS / MRS (None: skip)
 
 
 PROFILES = {
@@ -58,6 +61,8 @@ PROFILES = {
             n_grpo_scenes=16,
         ),
         bridge=BridgeExperiment(),
+        diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=8,
+                                      steps_grid=(4, 8), sweeps={"lam": [0.3], "beta": [0.1]}),
     ),
     "full": DemoProfile(
         name="full", n_train=4000, n_eval=200, n_dilution=150,
@@ -67,6 +72,7 @@ PROFILES = {
         ),
         pvm=PVMExperiment(grpo=GRPOTrainConfig(steps=150)),
         bridge=BridgeExperiment(),
+        diffusion=DiffusionExperiment(),
     ),
 }
 
@@ -92,6 +98,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
     from .experiments.arm import EvalSets, evaluate_arm
     from .report.bridge import bridge_markdown, bridge_sections
+    from .report.diffusion import diffusion_markdown, diffusion_sections
     from .report.pvm import pvm_markdown, pvm_sections
     from .world.evaluate import load_vlm
 
@@ -143,6 +150,16 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
             train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
         bridge = run_bridge_experiment(profile.bridge, model_dir, profile.train, train, sets, base, log)
         timings["bridge_s"] = time.time() - t3
+    diffusion = None
+    if profile.diffusion is not None:
+        t4 = time.time()
+        if train is None:
+            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        dx = profile.diffusion
+        d_set = WorldSamples.from_scenes(cfg, generate(cfg, dx.n_scenes, seed=DILUTION_SEED + 1,
+                                                       n_objects=dx.n_objects))
+        diffusion = run_diffusion_experiment(dx, model_dir, train, d_set, log)
+        timings["diffusion_s"] = time.time() - t4
 
     samples = [
         {"id": s.id, "truth": t, "generated": g}
@@ -161,6 +178,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         },
         **({"pvm": pvm} if pvm else {}),
         **({"bridge": bridge} if bridge else {}),
+        **({"diffusion": diffusion} if diffusion else {}),
         "timings": {**timings, "total_s": time.time() - t0},
     }
     write_json(out / "results.json", results)
@@ -177,6 +195,9 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     if bridge:
         sections += bridge_sections(bridge)
         summary += "\n" + bridge_markdown(bridge)
+    if diffusion:
+        sections += diffusion_sections(diffusion)
+        summary += "\n" + diffusion_markdown(diffusion)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
     print(summary, flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")

@@ -1,0 +1,89 @@
+import json
+
+import pytest
+import torch
+
+from keepsight.train.diffusion import (
+    DiffusionCollator,
+    DiffusionTrainConfig,
+    MaskedDiffusionObjective,
+    train_diffusion,
+)
+from keepsight.world import generate, world_config
+from keepsight.world.data import IGNORE_INDEX, VLMDataset, WorldSamples
+
+
+@pytest.fixture(scope="module")
+def samples():
+    cfg = world_config()
+    return WorldSamples.from_scenes(cfg, generate(cfg, 6, seed=0))
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """The parts of a world base the diffusion VLM needs: train_config.json and a finished vision stage."""
+    from transformers import CLIPVisionModel
+
+    from keepsight.world.models import get_preset, vision_config
+    from keepsight.world.train import DONE_FILE, TrainConfig
+
+    d = tmp_path_factory.mktemp("base")
+    (d / "train_config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    CLIPVisionModel(vision_config(get_preset("tiny-llava"))).save_pretrained(d / "stages" / "vision")
+    (d / "stages" / "vision" / DONE_FILE).write_text("{}")
+    return d
+
+
+def test_collator_fills_the_window_with_eos_and_labels_only_answers(processor, samples):
+    data = VLMDataset(samples, ("describe", "yes_no"), 0)
+    batch = DiffusionCollator(processor, answer_length=12)([data[0], data[1]])
+    tok = processor.tokenizer
+    lab, ids, am = batch["labels"], batch["input_ids"], batch["attention_mask"]
+    for i in range(2):
+        ans = (lab[i] != IGNORE_INDEX).nonzero().flatten()
+        assert len(ans) == 12 and ans.max() == am[i].sum() - 1  # the window ends each row
+        assert torch.equal(ids[i, ans], lab[i, ans])
+        prompt = ids[i, : ans.min()]
+        assert (prompt == tok.image_token_id).sum() == 17  # the image is in the prompt, never a label
+    yes_no = lab[1][lab[1] != IGNORE_INDEX]
+    assert (yes_no[1:] == tok.eos_token_id).all()  # "yes" / "no", then eos to the end of the window
+
+
+def test_objective_is_the_weighted_masked_cross_entropy(processor, samples):
+    from keepsight.diffusion import build_llada_v
+
+    model = build_llada_v(processor)
+    obj = MaskedDiffusionObjective(model, processor.tokenizer.mask_token_id, eps=1e-3)
+    data = VLMDataset(samples, ("describe",), 0)
+    batch = DiffusionCollator(processor, 16)([data[i] for i in range(3)])
+    torch.manual_seed(5)
+    loss = obj(**batch)["loss"]
+    # the same draws by hand: t ~ U(eps, 1] per row, answer slots masked with probability t, CE / t
+    torch.manual_seed(5)
+    ids, lab = batch["input_ids"], batch["labels"]
+    ans = lab != IGNORE_INDEX
+    t = 1e-3 + (1 - 1e-3) * torch.rand(ids.shape[0])
+    masked = ans & (torch.rand(ids.shape) < t[:, None])
+    assert masked.any() and not (masked & ~ans).any()  # the prompt is never masked
+    noisy = ids.masked_fill(masked, processor.tokenizer.mask_token_id)
+    logits = model(input_ids=noisy, attention_mask=batch["attention_mask"], pixel_values=batch["pixel_values"]).logits
+    total = 0.0
+    for b, j in masked.nonzero().tolist():
+        total += torch.nn.functional.cross_entropy(logits[b, j][None].float(), ids[b, j][None]) / t[b]
+    torch.testing.assert_close(loss, total / ans.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_train_diffusion_writes_a_loadable_model_and_resumes(base_dir, samples, tmp_path):
+    import keepsight.diffusion  # noqa: F401
+    from keepsight.world.evaluate import load_vlm
+
+    cfg = DiffusionTrainConfig(steps=2, batch_size=4, answer_length=16, save_every=1)
+    assert train_diffusion(base_dir, samples, tmp_path / "m", cfg, stop_after=1, progress=False) is None
+    summary = train_diffusion(base_dir, samples, tmp_path / "m", cfg, progress=False)
+    assert summary["last_loss"] is not None and not (tmp_path / "m" / "checkpoints").exists()
+    model, _ = load_vlm(tmp_path / "m")
+    assert type(model.model.language_model).__name__ == "LladaModel"
+    with pytest.raises(FileNotFoundError, match="no finished vision stage"):
+        train_diffusion(tmp_path, samples, tmp_path / "x", cfg, progress=False)
+    with pytest.raises(ValueError, match="eps must be in"):
+        DiffusionTrainConfig(eps=0.0)
