@@ -1,10 +1,11 @@
+import dataclasses
 import json
 import time
 
 from keepsight.demo import PROFILES, cache_key, run_demo
 
 
-def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys):
+def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys, monkeypatch):
     t0 = time.time()
     res = run_demo("smoke", runs_dir=tmp_path)
     first = time.time() - t0
@@ -33,17 +34,22 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys)
     assert list(bridge["arms"]) == ["mlp_phase1", "lia_mtr_phase1", "mlp_phase2", "lia_mtr_phase2"]
     assert 0 < bridge["write_gate"]["lia_mtr_phase2"]["gate_mean"] < 1
     assert "Bridge: MLP vs LIA-MTR" in html
-    # second run: the model is reused from the cache (keyed by config + data), only evaluation runs
+    diff = saved["diffusion"]
+    assert {(r["steps"], r["method"]) for r in diff["grid"]} == {(4, m) for m in ("none", "mps", "mrs", "both", "ntk",
+                                                                                   "yarn")}
+    assert len(diff["prior_cosine"]["none"]) == 4 and "Diffusion: methods x steps" in html
+    # second run (base only): the model is reused from the cache (keyed by config + data), only evaluation runs
+    monkeypatch.setitem(PROFILES, "smoke-base", dataclasses.replace(PROFILES["smoke"], name="smoke-base", pvm=None,
+                                                                     bridge=None, diffusion=None))
     t0 = time.time()
-    again = run_demo("smoke", runs_dir=tmp_path)
+    again = run_demo("smoke-base", runs_dir=tmp_path)
     assert "reusing cached base model" in capsys.readouterr().out
     assert time.time() - t0 < first
     assert again["base"]["yes_no"] == base["yes_no"]  # same model, same data: same numbers
+    assert "pvm" not in again
 
 
 def test_cache_key_changes_with_config():
-    import dataclasses
-
     p = PROFILES["smoke"]
     assert cache_key(p) == cache_key(dataclasses.replace(p))
     assert cache_key(p) != cache_key(dataclasses.replace(p, n_train=p.n_train + 1))

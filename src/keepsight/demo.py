@@ -61,8 +61,8 @@ PROFILES = {
             n_grpo_scenes=16,
         ),
         bridge=BridgeExperiment(),
-        diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=8,
-                                      steps_grid=(4, 8), sweeps={"lam": [0.3], "beta": [0.1]}),
+        diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=4,
+                                      steps_grid=(4,), sweep_steps=4, sweeps={"lam": [0.3], "beta": [0.1]}),
     ),
     "full": DemoProfile(
         name="full", n_train=4000, n_eval=200, n_dilution=150,
