@@ -56,7 +56,7 @@ def _predict_bytes(kind: str, n: int, width: int, heads: int = 8) -> float:
 
 
 def run(out: str | Path = "runs/bench", width: int = 1024, sizes=SIZES, kinds=KINDS, mem_limit_gib: float = 16.0,
-        time_limit_s: float = 300.0, timeout_s: float = 900.0) -> dict:
+        time_limit_s: float = 120.0, timeout_s: float = 900.0) -> dict:
     rows = []
     for kind in kinds:
         last_time = None

@@ -56,7 +56,7 @@ def _train(kind: str, task: _Task, width: int, steps: int, train_len: int, seed:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return bridge.eval(), head.eval(), float(loss)
+    return bridge.eval(), head.eval(), float(loss.detach())
 
 
 @torch.inference_mode()
@@ -70,7 +70,7 @@ def _accuracy(bridge, head, task: _Task, n: int, depth: float, samples: int, see
 
 
 def run(out: str | Path = "runs/bench", kinds=KINDS, lengths=LENGTHS, depths=DEPTHS, width: int = 32,
-        n_needles: int = 8, steps: int = 300, train_len: int = 256, samples: int = 32, seed: int = 0) -> dict:
+        n_needles: int = 8, steps: int = 300, train_len: int = 256, samples: int = 16, seed: int = 0) -> dict:
     task = _Task(width, n_needles, seed)
     results = {}
     for kind in kinds:

@@ -1,0 +1,25 @@
+"""The LIA-MTR benchmarks run end to end at toy sizes (their real numbers come from `keepsight bench`)."""
+
+import json
+
+
+def test_bridge_memory_runs_each_configuration_in_a_subprocess(tmp_path):
+    from keepsight.bench.bridge_memory import run
+
+    res = run(tmp_path, width=32, sizes=(256, 512), kinds=("lia_mtr", "attention"), mem_limit_gib=1e-5)
+    rows = {(r["kind"], r["n"]): r for r in res["rows"]}
+    assert rows[("lia_mtr", 256)]["skipped"] is True  # predicted above the (tiny) limit: recorded, not run
+    res = run(tmp_path, width=32, sizes=(256, 512), kinds=("lia_mtr", "mlp"))
+    assert all(not r["skipped"] and r["time_s"] > 0 and r["peak_bytes"] >= 0 for r in res["rows"])
+    assert json.loads((tmp_path / "bridge_memory.json").read_text())["width"] == 32
+
+
+def test_needle_and_scan_write_their_results(tmp_path):
+    from keepsight.bench.needle import run as needle
+    from keepsight.bench.scan import run as scan
+
+    res = needle(tmp_path, kinds=("lia_mtr", "mlp"), lengths=(64,), depths=(0.0, 1.0), width=8, steps=3,
+                 train_len=32, samples=4)
+    assert len(res["bridges"]["lia_mtr"]["accuracy"]) == 1 and (tmp_path / "needle.png").stat().st_size > 1000
+    res = scan(tmp_path, n=300, widths=(8,), chunks=(16, 64), repeats=1)
+    assert all(r["max_abs_err"] < 1e-4 for r in res["rows"]) and (tmp_path / "scan.json").is_file()
