@@ -1,6 +1,6 @@
-"""``keepsight demo``: build the world, train (or reuse) the base model, evaluate, diagnose, write the
-report. Each method's section (PVM, bridge, diffusion) is to be added next to the base section, which
-is what every one of them compares against.
+"""``keepsight demo``: build the world, train (or reuse) the base model, evaluate and diagnose it, run each
+method's experiment against it (PVM arms, MLP vs LIA-MTR, the masked-diffusion VLM with MPS / MRS), and
+write the report.
 """
 
 from __future__ import annotations

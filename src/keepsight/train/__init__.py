@@ -1,1 +1,2 @@
-"""Training of the methods: PVM stage-1 SFT (stage-2 GRPO, bridge phases and diffusion training to come)."""
+"""Training of the methods: PVM stage 1 (SFT) and stage 2 (GRPO), the LoRA control, the bridge phases, and
+masked-diffusion training of the world's LLaDA-V-style model."""
