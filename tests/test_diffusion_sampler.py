@@ -7,7 +7,6 @@ from PIL import Image
 from keepsight.diffusion import (
     LladaConfig,
     LladaForMaskedDiffusion,
-    build_llada_lm,
     build_llada_v,
     generate,
     guided_logits,
@@ -16,19 +15,7 @@ from keepsight.diffusion import (
 )
 from keepsight.world.data import chat_example
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is as fast, and far faster when the other core is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def lm(processor):
-    return build_llada_lm(processor.tokenizer)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from keepsight.diffusion import (
     MaskPriorSuppression,
     MonotonicRoPEScaling,
     RoPEBaseline,
-    build_llada_lm,
-    build_llada_v,
     decoder_stack,
     lone_mask_top_tokens,
     prior_cosine,
@@ -30,24 +28,7 @@ from keepsight.ops.rope import (
 )
 from keepsight.world.data import chat_example
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is as fast, and far faster when the other core is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def lm(processor):
-    return build_llada_lm(processor.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def vlm(processor):
-    return build_llada_v(processor)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

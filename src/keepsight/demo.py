@@ -121,7 +121,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
                   for s in ("lm", "vision", "align", "instruct")}
     else:
         log(f"building {profile.n_train} training scenes")
-        train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        train = _training_scenes(profile)
         log(f"training the base model in 4 stages -> {model_dir}")
         stages = train_base(model_dir, profile.train, train)
     timings["train_s"] = time.time() - t0
@@ -139,22 +139,19 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     pvm = None
     if profile.pvm is not None:
         t2 = time.time()
-        if train is None:
-            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        train = train if train is not None else _training_scenes(profile)
         pvm = run_pvm_experiment(profile.pvm, model_dir, train, sets, base, log)
         timings["pvm_s"] = time.time() - t2
     bridge = None
     if profile.bridge is not None:
         t3 = time.time()
-        if train is None:
-            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        train = train if train is not None else _training_scenes(profile)
         bridge = run_bridge_experiment(profile.bridge, model_dir, profile.train, train, sets, base, log)
         timings["bridge_s"] = time.time() - t3
     diffusion = None
     if profile.diffusion is not None:
         t4 = time.time()
-        if train is None:
-            train = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_train, seed=TRAIN_SEED))
+        train = train if train is not None else _training_scenes(profile)
         dx = profile.diffusion
         d_set = WorldSamples.from_scenes(cfg, generate(cfg, dx.n_scenes, seed=DILUTION_SEED + 1,
                                                        n_objects=dx.n_objects))
@@ -202,6 +199,10 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     print(summary, flush=True)
     log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
+
+
+def _training_scenes(profile: DemoProfile) -> WorldSamples:
+    return WorldSamples.from_scenes(profile.world, generate(profile.world, profile.n_train, seed=TRAIN_SEED))
 
 
 def _truths(samples: WorldSamples) -> list[str]:

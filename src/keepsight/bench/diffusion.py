@@ -4,22 +4,12 @@ batch 8). Target: overhead at most 3%."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from . import write_result
-
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from . import best_time, write_result
 
 
 @torch.inference_mode()
@@ -55,8 +45,8 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
     sample(2, True)  # warm-up
     rows = []
     for steps in steps_grid:
-        plain = _best(lambda s=steps: sample(s, False), repeats)
-        fixed = _best(lambda s=steps: sample(s, True), repeats)
+        plain = best_time(lambda s=steps: sample(s, False), repeats)
+        fixed = best_time(lambda s=steps: sample(s, True), repeats)
         rows.append({"steps": steps, "plain_s": plain, "mps_mrs_s": fixed, "overhead": fixed / plain - 1})
     print(f"{'T':>4s} {'plain s':>9s} {'MPS+MRS s':>10s} {'overhead':>9s}  (target <= 3%)")
     for r in rows:

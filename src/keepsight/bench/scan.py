@@ -3,21 +3,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from . import write_result
-
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from . import best_time, write_result
 
 
 @torch.inference_mode()
@@ -32,10 +22,10 @@ def run(out: str | Path = "runs/bench", n: int = 16384, widths=(64, 1024), scale
         g = torch.Generator().manual_seed(0)
         u = torch.randn(1, n, d, generator=g)
         alpha = torch.softmax(torch.randn(1, n, scales, generator=g), -1)
-        loop_s = _best(lambda u=u, alpha=alpha: naive_multiscale_retention(u, alpha, lambdas), 1)
+        loop_s = best_time(lambda u=u, alpha=alpha: naive_multiscale_retention(u, alpha, lambdas), 1)
         ref, _ = naive_multiscale_retention(u, alpha, lambdas)
         for c in chunks:
-            fast_s = _best(lambda u=u, alpha=alpha, c=c: multiscale_retention(u, alpha, lambdas, chunk_size=c), repeats)
+            fast_s = best_time(lambda u=u, alpha=alpha, c=c: multiscale_retention(u, alpha, lambdas, chunk_size=c), repeats)
             err = float((multiscale_retention(u, alpha, lambdas, chunk_size=c) - ref).abs().max())
             rows.append({"n": n, "d": d, "scales": scales, "chunk": c, "loop_s": loop_s, "chunked_s": fast_s,
                          "speedup": loop_s / fast_s, "max_abs_err": err})
