@@ -98,7 +98,7 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
     from .experiments.arm import EvalSets, evaluate_arm
     from .report.bridge import bridge_markdown, bridge_sections
-    from .report.diffusion import diffusion_markdown, diffusion_sections
+    from .report.diffusion import diffusion_markdown, diffusion_sections, plot_attention
     from .report.pvm import pvm_markdown, pvm_sections
     from .world.evaluate import load_vlm
 
@@ -193,7 +193,8 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         sections += bridge_sections(bridge)
         summary += "\n" + bridge_markdown(bridge)
     if diffusion:
-        sections += diffusion_sections(diffusion)
+        att_plot = plot_attention(diffusion["attention"], out / "diffusion_attention.png")
+        sections += diffusion_sections(diffusion, att_plot)
         summary += "\n" + diffusion_markdown(diffusion)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
     print(summary, flush=True)

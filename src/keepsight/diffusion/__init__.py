@@ -4,6 +4,7 @@ Mask Prior Suppression (``mps``) and Monotonic RoPE Scaling (``mrs``), plus a LL
 Importing this package registers ``model_type = "llada"`` with transformers' Auto classes.
 """
 
+from keepsight.diffusion.attention import RoPEAttentionProbe
 from keepsight.diffusion.model import (
     CHECKPOINT_KEY_MAP,
     LladaConfig,
@@ -37,6 +38,7 @@ from keepsight.diffusion.sampler import (
 )
 
 __all__ = [
+    "RoPEAttentionProbe",
     "CHECKPOINT_KEY_MAP",
     "DiffusionOutput",
     "LladaConfig",

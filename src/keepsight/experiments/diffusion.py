@@ -6,7 +6,9 @@ Measured per (method, steps T): distinct-2, consecutive repetition ratio, the sh
 that are among the uncontextualised mask token's top-10 predictions (the paper: over 95%), CHAIR /
 instance hallucination / object recall against the scene graphs, and sampler latency. Plus the cosine of
 still-masked final-layer hidden states to the prior subspace per step (with / without MPS) and sweeps of
-lam, k, beta, eta, tau0 and the five schedules at one T.
+lam, k, beta, eta, tau0 and the five schedules at one T, and where generation slots attend (key kind,
+relative distance, RoPE frequency band; ``keepsight.diffusion.RoPEAttentionProbe``) without MRS and with
+MRS at the paper's beta and a strong one.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class DiffusionExperiment:
     n_scenes: int = 48  # held-out scenes (objects per scene: ``n_objects``) described in every run
     n_objects: int = 6  # a 64-token window holds the header and about six objects
     steps_grid: tuple[int, ...] = (4, 8, 16, 32)
-    sweep_steps: int = 8  # T for the sweeps
+    sweep_steps: int = 8  # T for the sweeps and the attention analysis
+    attention_betas: tuple[float, ...] = (0.01, 1.0)  # MRS betas in the attention analysis (beside no MRS)
     mps: dict = field(default_factory=lambda: {"k": 3, "lam": 0.1})
     mrs: dict = field(default_factory=lambda: {"beta": 0.01, "eta": 8.0, "tau0": 0.6})
     sweeps: dict = field(default_factory=lambda: {
@@ -149,6 +152,20 @@ def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch
     return curve
 
 
+def attention_by_distance(runner: _Runner, steps: int, mrs_kw: dict, betas) -> dict:
+    """``RoPEAttentionProbe`` results (all layers, 3 frequency bands, distance bins of 8) while sampling the
+    runner's scenes, with no MRS and with MRS at each beta; each entry also carries recall and CHAIRi."""
+    from ..diffusion import RoPEAttentionProbe
+
+    mask_id = runner.processor.tokenizer.mask_token_id
+    out = {}
+    for label, kw in [("none", None)] + [(f"MRS beta={b:g}", {**mrs_kw, "beta": b}) for b in betas]:
+        with RoPEAttentionProbe(runner.model, gen_start=runner.prompt_len, mask_token_id=mask_id) as probe:
+            r = runner.run(steps, "none" if kw is None else "mrs", mrs_kw=kw)
+        out[label] = {**probe.result(), "mrs": kw, "object_recall": r["object_recall"], "chair_i": r["chair_i"]}
+    return out
+
+
 def run_diffusion_experiment(exp: DiffusionExperiment, base_dir: Path, train: WorldSamples, eval_scenes: WorldSamples,
                              log=print) -> dict:
     import hashlib
@@ -182,9 +199,11 @@ def run_diffusion_experiment(exp: DiffusionExperiment, base_dir: Path, train: Wo
             sweeps.append({"param": param, "value": v, **{k: r[k] for k in r if k != "example"}})
     log("  prior cosine per step, with and without MPS")
     cos = prior_cosine_per_step(runner, exp.steps_grid[-1], exp.mps)
+    log(f"  attention by distance and RoPE band, T = {T}, MRS betas {list(exp.attention_betas)}")
+    attention = attention_by_distance(runner, T, exp.mrs, exp.attention_betas)
     return {
         "config": exp.to_dict(), "model_dir": str(model_dir),
         "training": {k: v for k, v in summary.items() if k != "log_history"},
         "mask_prior_top10": runner.top10_tokens, "grid": grid, "sweeps": sweeps, "prior_cosine": cos,
-        "paper": PAPER,
+        "attention": attention, "paper": PAPER,
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .html import fmt, table
+from pathlib import Path
+
+from .html import fmt, img_tag, table
+from .plots import plot_panels
 
 COLUMNS = (("distinct-2", "distinct_2"), ("repetition", "repetition_ratio"),
            ("repeats in mask top-10", "repeats_in_mask_top10"), ("CHAIRi", "chair_i"),
@@ -20,7 +23,76 @@ def _overhead(res: dict) -> list[list]:
             for t in res["config"]["steps_grid"]]
 
 
-def diffusion_sections(res: dict) -> list[tuple[str, str]]:
+MASS_KINDS = ("visual", "mask", "generated", "prompt", "self")
+
+
+def plot_attention(att: dict, path: Path) -> Path:
+    """Attention per visual / mask key vs distance, and the lowest band's logit share, per MRS setting."""
+    per_key = {f"{name}: {kind}": (r["profile"][kind]["bins"], r["profile"][kind]["attention"],
+                                   "-" if kind == "visual" else "--")
+               for name, r in att.items() for kind in ("visual", "mask") if kind in r["profile"]}
+    low = {f"{name}: {kind}": (r["profile"][kind]["bins"], r["profile"][kind]["band_share"][-1],
+                               "-" if kind == "visual" else "--")
+           for name, r in att.items() for kind in ("visual", "mask") if kind in r["profile"]}
+    return plot_panels([
+        {"title": "attention weight per key", "xlabel": "relative distance (tokens)", "ylabel": "mean weight",
+         "logy": True, "series": per_key},
+        {"title": "lowest-frequency band's share of |logit|", "xlabel": "relative distance (tokens)",
+         "ylabel": "share", "series": low}], path, "generation slots -> visual (solid) / mask (dashed) keys")
+
+
+def _attention_rows(att: dict) -> list[list]:
+    rows = []
+    for name, r in att.items():
+        share = {k: r["profile"][k]["band_share_all"] for k in ("visual", "mask") if k in r["profile"]}
+        rows.append([name] + [r["mass"][k] for k in MASS_KINDS]
+                    + [share.get("visual", [None])[0], share.get("visual", [None])[-1],
+                       share.get("mask", [None])[0], share.get("mask", [None])[-1], r["object_recall"], r["chair_i"]])
+    return rows
+
+
+ATT_HEADER = ["setting"] + [f"mass -> {k}" for k in MASS_KINDS] + [
+    "vis: high band", "vis: low band", "mask: high band", "mask: low band", "object recall", "CHAIRi"]
+
+
+def _profile_rows(att: dict, kind: str) -> tuple[list[list], list[str]]:
+    """Rows per distance bin: attention per key and low/high band share per setting."""
+    names = [n for n in att if kind in att[n]["profile"]]
+    bins = att[names[0]]["profile"][kind]["bins"] if names else []
+    rows = []
+    for i, b in enumerate(bins):
+        row = [f"{b}-{b + att[names[0]]['bin_width'] - 1}"]
+        for n in names:
+            p = att[n]["profile"][kind]
+            row += [p["attention"][i], p["band_share"][0][i], p["band_share"][-1][i]] if i < len(p["bins"]) else [None] * 3
+        rows.append(row)
+    return rows, names
+
+
+def _attention_sections(res: dict, plot: Path | None) -> list[tuple[str, str]]:
+    att = res.get("attention")
+    if not att:
+        return []
+    first = next(iter(att.values()))
+    intro = (f"<p>Attention of the generation slots at T = {res['config']['sweep_steps']}, recomputed from q/k in "
+             f"every layer ({first['n_forwards']} sampler forwards per setting). Mass: share of a slot's attention "
+             f"on each key kind (mean over steps, layers, heads, slots). Bands: the {first['n_bands']} equal "
+             "groups of RoPE pairs (high = highest frequencies) and their share of the summed |logit| parts. "
+             "The paper: Gen->Mask is dominated by high frequencies, Gen->Vis relies more on low frequencies as "
+             "distance grows, attention still decays with distance, and MRS moves attention from nearby mask "
+             "slots to distant visual tokens.</p>")
+    out = intro + table(ATT_HEADER, _attention_rows(att))
+    if plot is not None:
+        out += img_tag(plot.read_bytes(), "attention vs distance")
+    sections = [("Diffusion: attention by key kind and RoPE band, with and without MRS", out)]
+    for kind in ("visual", "mask"):
+        rows, names = _profile_rows(att, kind)
+        header = ["distance"] + [f"{n}: {c}" for n in names for c in ("weight/key", "high band", "low band")]
+        sections.append((f"Diffusion: generation -> {kind} attention by relative distance", table(header, rows)))
+    return sections
+
+
+def diffusion_sections(res: dict, attention_plot: Path | None = None) -> list[tuple[str, str]]:
     tr, cfg = res["training"], res["config"]
     cos = res["prior_cosine"]
     intro = (f"<p>A tiny LLaDA-V-style VLM (LLaVA with a bidirectional Llada language model; the world base's "
@@ -40,7 +112,7 @@ def diffusion_sections(res: dict) -> list[tuple[str, str]]:
          table(["step", "no fix", "MPS"], cos_rows)),
         ("Diffusion: sampler latency with MPS + MRS", table(["T", "plain s", "MPS + MRS s", "overhead"],
                                                              _overhead(res))),
-    ]
+    ] + _attention_sections(res, attention_plot)
 
 
 def diffusion_markdown(res: dict) -> str:
@@ -53,4 +125,10 @@ def diffusion_markdown(res: dict) -> str:
         lines += ["", f"Prior |cos| of still-masked slots, first / last step: no fix {cos['none'][0]:.3f} / "
                       f"{cos['none'][-1]:.3f}, MPS {cos['mps'][0]:.3f} / {cos['mps'][-1]:.3f}."]
     lines.append(f"Mask-token prior top-10: {' '.join(res['mask_prior_top10'])}.")
+    att = res.get("attention")
+    if att:
+        lines += ["", f"Attention of generation slots (T = {res['config']['sweep_steps']}; mass per key kind, and "
+                      "the highest / lowest RoPE band's share of |logit| for visual and mask keys):", "",
+                  "| " + " | ".join(ATT_HEADER) + " |", "| " + " | ".join("---" for _ in ATT_HEADER) + " |"]
+        lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _attention_rows(att)]
     return "\n".join(lines)

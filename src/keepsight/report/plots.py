@@ -63,6 +63,25 @@ def plot_heatmaps(grids: dict[str, list[list[float]]], xlabels: list[str], ylabe
     return _save(fig, Path(path))
 
 
+def plot_panels(panels: list[dict], path: str | Path, title: str = "") -> Path:
+    """Side-by-side line plots. Each panel: ``title``, ``xlabel``, ``ylabel``, optional ``logy``, and
+    ``series``: label -> ``(xs, ys)`` or ``(xs, ys, linestyle)``."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), dpi=110, squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, (xs, ys, *style) in panel["series"].items():
+            ax.plot(xs, ys, marker=".", linestyle=style[0] if style else "-", label=label)
+        if panel.get("logy"):
+            ax.set_yscale("log")
+        ax.set_xlabel(panel["xlabel"], fontsize=8)
+        ax.set_ylabel(panel["ylabel"], fontsize=8)
+        ax.set_title(panel["title"], fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, Path(path))
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path)
