@@ -1,12 +1,13 @@
 """Metrics (pure Python / torch): CHAIR, distinct-n, repetition, yes/no scores, dilution curve."""
 
 from .chair import chair
+from .coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 from .dilution import accuracy_by_index, early_late, least_squares_slope, slope
 from .parse import parse_description
 from .text import distinct_n, rep_n, repetition_ratio
 from .yesno import normalise_answer, yes_no_scores
 
 __all__ = [
-    "accuracy_by_index", "chair", "early_late", "least_squares_slope", "distinct_n", "normalise_answer", "parse_description", "rep_n",
+    "accuracy_by_index", "chair", "coco_chair", "load_coco_ground_truth", "read_captions_jsonl", "early_late", "least_squares_slope", "distinct_n", "normalise_answer", "parse_description", "rep_n",
     "repetition_ratio", "slope", "yes_no_scores",
 ]

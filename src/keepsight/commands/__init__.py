@@ -1,0 +1,1 @@
+"""Self-contained ``keepsight`` subcommands, each with ``add_parser(subparsers)`` and ``run(args)``."""
