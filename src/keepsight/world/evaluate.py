@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
@@ -14,19 +13,12 @@ from .data import WorldSamples, chat_example
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 
 
-def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None):
-    """Model + processor saved by ``keepsight world train`` / ``bridge train`` (or any local LLaVA-family directory)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | str | None = None):
+    """Model + processor from a local directory: a world model (``keepsight world train`` / ``bridge train`` /
+    ``diffusion train``) or any supported Hugging Face checkpoint (``keepsight.checkpoint.load_checkpoint``)."""
+    from ..checkpoint import load_checkpoint
 
-    from ..bridge import swap  # noqa: F401  (registers LLaVA-with-a-bridge with the Auto classes)
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} holds no model (config.json missing); train one with "
-                                f"`keepsight world train --out {path}`")
-    processor = AutoProcessor.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
-    return model.to(device).eval(), processor
+    return load_checkpoint(path, dtype=dtype, device=device)
 
 
 @contextmanager

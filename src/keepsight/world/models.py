@@ -178,3 +178,46 @@ def qwen3vl_inputs(image_processor, tokenizer, prompts: list[str], images: list)
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     enc["mm_token_type_ids"] = (enc["input_ids"] == tokenizer.image_token_id).long()
     return {**enc, "pixel_values": pix["pixel_values"], "image_grid_thw": grid}
+
+
+QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-VL templates write per image
+
+
+def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0):
+    """Write a tiny random VLM directory laid out like a real Hugging Face checkpoint (weights, config,
+    tokenizer, image processor, chat template), for tests of the loaders: presets ``tiny-llava``,
+    ``tiny-qwen3vl``, ``tiny-qwen25vl``, and ``tiny-llada-v`` (a LLaDA-V-style masked-diffusion VLM).
+    Qwen directories hold a Qwen2-VL image processor and a template that brackets the image token with
+    vision start / end markers, as Qwen's do; no video processor (it needs torchvision)."""
+    from pathlib import Path
+
+    from .processor import CHAT_TEMPLATE, build_processor
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if preset == "tiny-llada-v":
+        from ..diffusion import build_llada_v
+
+        processor = build_processor()
+        model = build_llada_v(processor, seed=seed)
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
+        return out
+    p = get_preset(preset)
+    torch.manual_seed(seed)
+    if p.arch == "llava":
+        processor = preset_processor(p)
+        build_model(p, processor.tokenizer).save_pretrained(out)
+        processor.save_pretrained(out)
+        return out
+    from transformers import Qwen2VLImageProcessorPil
+
+    tok = build_processor().tokenizer
+    tok.chat_template = CHAT_TEMPLATE.replace(" <image>", QWEN_CHAT_TEMPLATE_IMAGE)
+    side = p.image_size
+    ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side, patch_size=p.patch_size,
+                                  merge_size=2, temporal_patch_size=2)
+    build_model(p, tok).save_pretrained(out)
+    tok.save_pretrained(out)
+    ip.save_pretrained(out)
+    return out
