@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from keepsight.cli import main
 
@@ -93,3 +94,25 @@ def test_diffusion_train_needs_a_world_base(tiny_base, tmp_path, capsys):
     argv = ["diffusion", "train", "--base", str(tmp_path), "--data", str(tiny_base / "data"), "--out", str(tmp_path / "d")]
     assert main(argv) == 2
     assert "no finished vision stage" in capsys.readouterr().err
+
+
+def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys):
+    """Inference commands load --model in --dtype on --device; training commands take --precision / --device."""
+    from safetensors.torch import load_file
+
+    common = ["--model", str(tiny_base), "--data", str(tiny_base / "data")]
+    assert main(["world", "eval", *common, "--limit", "2", "--dtype", "bf16", "--device", "cpu",
+                 "--out", str(tmp_path / "e.json")]) == 0
+    assert "CHAIRi" in capsys.readouterr().out and (tmp_path / "e.json").is_file()
+    argv = ["pvm", "train", "--stage", "sft", *common, "--out", str(tmp_path / "bf16"), "--steps", "2",
+            "--batch-size", "2", "--precision", "bf16", "--device", "cpu"]
+    assert main(argv) == 0
+    adapter = load_file(tmp_path / "bf16" / "pvm.safetensors")
+    assert {t.dtype for t in adapter.values()} == {torch.float32}  # fp32 master weights under bf16 autocast
+    if not torch.cuda.is_available():
+        assert main(argv[:-1] + ["cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+        assert main(["world", "eval", *common, "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert main(["world", "eval", *common, "--model", str(tmp_path)]) == 2  # no config.json
+    assert "config.json is missing" in capsys.readouterr().err

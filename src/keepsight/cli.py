@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -46,12 +47,13 @@ def cmd_world_train(args) -> int:
         if args.batch_size:
             st.batch_size = args.batch_size
     if args.stage == "all" and args.stop_after is None:
-        summaries = train_base(args.out, tc, samples)
+        summaries = train_base(args.out, tc, samples, grad_accum=args.grad_accum)
     else:
         stages = STAGES if args.stage == "all" else (args.stage,)
         summaries = {}
         for s in stages:
-            summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after)
+            summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after,
+                                       grad_accum=args.grad_accum)
             if summaries[s] is None:
                 print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
                 return 0
@@ -73,7 +75,7 @@ def cmd_world_eval(args) -> int:
 
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
-    model, processor = load_vlm(args.model)
+    model, processor = load_vlm(args.model, device=args.device, dtype=args.dtype)
     if args.pvm and args.lora:
         raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
     if args.pvm:
@@ -115,7 +117,7 @@ def cmd_diagnose(args) -> int:
 
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
-    model, processor = load_vlm(args.model)
+    model, processor = load_vlm(args.model, device=args.device, dtype=args.dtype)
     diag = diagnose(model, processor, samples, args.prompt, args.max_new_tokens, args.batch_size)
     out = Path(args.out)
     write_json(out / "diagnosis.json", diag)
@@ -152,7 +154,8 @@ def cmd_pvm_train(args) -> int:
                               beta=args.beta, num_generations=args.num_generations,
                               prompts_per_step=args.prompts_per_step, tasks=args.tasks, seed=args.seed,
                               max_completion_length=args.max_completion_length)
-        summary = train_pvm_grpo(args.model, args.init, samples, args.out, cfg, stop_after=args.stop_after)
+        summary = train_pvm_grpo(args.model, args.init, samples, args.out, cfg, stop_after=args.stop_after,
+                                 grad_accum=args.grad_accum)
         if summary is None:
             print(f"stopped at step {args.stop_after}; run the same command to resume")
             return 0
@@ -169,7 +172,8 @@ def cmd_pvm_train(args) -> int:
     pvm_cfg = PVMConfig(layers=layers, latent_dim=args.latent_dim, heads=args.heads, gate=args.gate)
     train_cfg = PVMTrainConfig(steps=args.steps or 600, lr=args.lr or 1e-3, gate_lr=args.gate_lr or 1e-2,
                                batch_size=args.batch_size, seed=args.seed)
-    summary = train_pvm_sft(args.model, samples, args.out, pvm_cfg, train_cfg, stop_after=args.stop_after)
+    summary = train_pvm_sft(args.model, samples, args.out, pvm_cfg, train_cfg, stop_after=args.stop_after,
+                            grad_accum=args.grad_accum)
     if summary is None:
         print(f"stopped at step {args.stop_after}; run the same command to resume")
         return 0
@@ -186,7 +190,7 @@ def cmd_lora_train(args) -> int:
     pvm_cfg = PVMConfig(layers=layers, latent_dim=args.latent_dim)
     cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
     summary = train_lora_control(args.model, _read_samples(args.data), args.out, pvm_cfg, cfg,
-                                 stop_after=args.stop_after)
+                                 stop_after=args.stop_after, grad_accum=args.grad_accum)
     if summary is None:
         print(f"stopped at step {args.stop_after}; run the same command to resume")
         return 0
@@ -203,7 +207,8 @@ def cmd_bridge_train(args) -> int:
     defaults = {1: (200, 2e-3), 2: (4000, 2e-3)}[args.phase]
     cfg = BridgeTrainConfig(phase=args.phase, bridge=args.bridge, seed=args.seed,
                             stage=StageConfig(args.steps or defaults[0], args.lr or defaults[1], args.batch_size))
-    summary = train_bridge(args.model, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after)
+    summary = train_bridge(args.model, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after,
+                           grad_accum=args.grad_accum)
     if summary is None:
         print(f"stopped at step {args.stop_after}; run the same command to resume")
         return 0
@@ -217,7 +222,8 @@ def cmd_diffusion_train(args) -> int:
 
     cfg = DiffusionTrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                                answer_length=args.answer_length, seed=args.seed)
-    summary = train_diffusion(args.base, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after)
+    summary = train_diffusion(args.base, _read_samples(args.data), args.out, cfg, stop_after=args.stop_after,
+                              grad_accum=args.grad_accum)
     if summary is None:
         print(f"stopped at step {args.stop_after}; run the same command to resume")
         return 0
@@ -270,6 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--grid", type=int, nargs=2, metavar=("ROWS", "COLS"), help="override the grid")
         sp.add_argument("--max-objects", type=int, help="override the most objects per scene")
 
+    def placement_args(sp):  # commands that load --model for inference
+        from .checkpoint import DTYPE_CHOICES
+
+        sp.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="weights dtype (auto: bf16 on a CUDA GPU that has it, else fp16 there, fp32 on CPU)")
+        sp.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N | mps")
+
+    def grad_accum_arg(sp):  # training commands: --batch-size is the global batch of one optimizer step
+        sp.add_argument("--grad-accum", type=int, default=1, help="gradient-accumulation steps: the batch size "
+                        "(global, per optimizer step) is split over them and the `accelerate launch` processes")
+        sp.add_argument("--precision", default="no", choices=["no", "bf16", "fp16"],
+                        help="mixed precision (autocast over fp32 master weights); bf16 on GPUs that have it")
+        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="auto: each process's GPU when there is one (accelerate assigns them), else the CPU")
+
     world = sub.add_parser("world", help="the synthetic world").add_subparsers(dest="world_command", required=True)
     b = world.add_parser("build", help="write scenes as PNG + JSONL")
     b.add_argument("--out", required=True)
@@ -290,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's step count")
     t.add_argument("--batch-size", type=int, help="override every stage's batch size")
     t.add_argument("--stop-after", type=int, help="stop each stage after this many steps (resume later)")
+    grad_accum_arg(t)
     world_args(t)
     t.set_defaults(func=cmd_world_train)
 
@@ -300,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
     e.add_argument("--out", help="write the scores as JSON here")
+    placement_args(e)
     e.set_defaults(func=cmd_world_eval)
 
     g = sub.add_parser("diagnose", help="visual attention mass, TVR and LogitLens while generating")
@@ -310,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--limit", type=int, default=32, help="number of scenes (default 32)")
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--out", required=True, help="directory for diagnosis.json and the plots")
+    placement_args(g)
     g.set_defaults(func=cmd_diagnose)
 
     pv = sub.add_parser("pvm", help="Persistent Visual Memory").add_subparsers(dest="pvm_command", required=True)
@@ -335,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="grpo prompts: describe open yes_no cell")
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    grad_accum_arg(pt)
     pt.set_defaults(func=cmd_pvm_train)
 
     lo = sub.add_parser("lora", help="the parameter-matched LoRA control for PVM").add_subparsers(
@@ -350,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--batch-size", type=int, default=16)
     lt.add_argument("--seed", type=int, default=0)
     lt.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    grad_accum_arg(lt)
     lt.set_defaults(func=cmd_lora_train)
 
     br = sub.add_parser("bridge", help="LIA-MTR and baseline bridges").add_subparsers(dest="bridge_command",
@@ -367,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     btr.add_argument("--batch-size", type=int, default=16)
     btr.add_argument("--seed", type=int, default=2)
     btr.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    grad_accum_arg(btr)
     btr.set_defaults(func=cmd_bridge_train)
 
     df = sub.add_parser("diffusion", help="masked-diffusion VLMs").add_subparsers(dest="diffusion_command",
@@ -381,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     dtr.add_argument("--answer-length", type=int, default=64, help="generation window (answers cut / eos-filled)")
     dtr.add_argument("--seed", type=int, default=0)
     dtr.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    grad_accum_arg(dtr)
     dtr.set_defaults(func=cmd_diffusion_train)
 
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
@@ -392,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--mem-limit-gib", type=float, default=16.0, help="bridge-memory: skip configurations "
                     "predicted to need more")
     bn.set_defaults(func=cmd_bench)
+
+    from .commands.eval_chair import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
 
     d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")
     d.add_argument("--smoke", action="store_true", help="a ~1 minute run with tiny budgets")
@@ -406,6 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "precision", None) is not None:  # a training command
+            from .world.train import is_main_process, launch_options
+
+            if not is_main_process():  # under `accelerate launch`, one process prints the summaries
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+            with launch_options(args.precision, args.device):
+                return args.func(args)
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         print(f"keepsight: error: {e}", file=sys.stderr)

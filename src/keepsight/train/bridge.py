@@ -23,7 +23,14 @@ import torch
 
 from ..atomic import write_json
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
-from ..world.train import StageConfig, atomic_save_dir, run_trainer
+from ..world.train import (
+    StageConfig,
+    atomic_save_dir,
+    batch_layout,
+    gather_state_dict,
+    main_process_writes,
+    run_trainer,
+)
 
 SUMMARY_FILE = "bridge_train.json"
 PHASE_TRAINABLE = {1: ("multi_modal_projector",), 2: ("multi_modal_projector", "language_model", "lm_head")}
@@ -68,8 +75,10 @@ def _phase1_model(model_dir: Path, cfg: BridgeTrainConfig):
 
 
 def train_bridge(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
-                 cfg: BridgeTrainConfig, stop_after: int | None = None, progress: bool = True) -> dict | None:
-    """Run one phase; returns its summary (or None when ``stop_after`` ended it early; run again to resume)."""
+                 cfg: BridgeTrainConfig, stop_after: int | None = None, progress: bool = True,
+                 grad_accum: int = 1) -> dict | None:
+    """Run one phase; returns its summary (or None when ``stop_after`` ended it early; run again to resume).
+    ``cfg.stage.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
     from ..world.evaluate import load_vlm
 
     out, model_dir = Path(out), Path(model_dir)
@@ -88,19 +97,22 @@ def train_bridge(model_dir: str | os.PathLike, samples: WorldSamples, out: str |
         p.requires_grad = any(t in name for t in PHASE_TRAINABLE[cfg.phase])
     model.train()
     logs, step = run_trainer(model, data, VLMCollator(processor), cfg.stage, out / "checkpoints", cfg.seed,
-                             cfg.save_every, stop_after, progress)
+                             cfg.save_every, stop_after, progress, grad_accum=grad_accum)
     if step < cfg.stage.steps:
         return None
     losses = [h["loss"] for h in logs if "loss" in h]
     summary = {"from": str(model_dir), "train": asdict(cfg), "bridge": model.config.bridge,
+               "batch_layout": batch_layout(cfg.stage.batch_size, grad_accum),
                "bridge_parameters": sum(p.numel() for p in model.model.multi_modal_projector.parameters()),
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "log_history": logs}
 
+    sd = gather_state_dict(model)  # None unless FSDP-sharded
+
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=sd)
         processor.save_pretrained(tmp)
         write_json(tmp / SUMMARY_FILE, summary)
 
-    atomic_save_dir(out, write)  # replaces ``out`` and its checkpoints in one rename
+    main_process_writes(atomic_save_dir, out, write)  # replaces ``out`` and its checkpoints in one rename
     return summary

@@ -22,7 +22,14 @@ from torch import nn
 
 from ..atomic import write_json
 from ..world.data import IGNORE_INDEX, VLMDataset, WorldSamples, chat_example
-from ..world.train import StageConfig, atomic_save_dir, run_trainer
+from ..world.train import (
+    StageConfig,
+    atomic_save_dir,
+    batch_layout,
+    gather_state_dict,
+    main_process_writes,
+    run_trainer,
+)
 
 SUMMARY_FILE = "diffusion_train.json"
 
@@ -127,9 +134,10 @@ def build_world_llada_v(base_dir: str | os.PathLike, seed: int = 0):
 
 def train_diffusion(base_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
                     cfg: DiffusionTrainConfig | None = None, stop_after: int | None = None,
-                    progress: bool = True) -> dict | None:
+                    progress: bool = True, grad_accum: int = 1) -> dict | None:
     """Train the world's diffusion VLM; model + processor land in ``out`` (atomically), with
-    ``diffusion_train.json``. Returns the summary, or None when ``stop_after`` ended the run early."""
+    ``diffusion_train.json``. Returns the summary, or None when ``stop_after`` ended the run early.
+    ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
     out = Path(out)
     if (out / SUMMARY_FILE).is_file() and (out / "config.json").is_file():
         return json.loads((out / SUMMARY_FILE).read_text())
@@ -141,18 +149,21 @@ def train_diffusion(base_dir: str | os.PathLike, samples: WorldSamples, out: str
     data = VLMDataset(samples, cfg.tasks, cfg.seed, describe_repeats=cfg.describe_repeats)
     logs, step = run_trainer(wrapper, data, DiffusionCollator(processor, cfg.answer_length),
                              StageConfig(cfg.steps, cfg.lr, cfg.batch_size), out / "checkpoints", cfg.seed,
-                             cfg.save_every, stop_after, progress)
+                             cfg.save_every, stop_after, progress, grad_accum=grad_accum)
     if step < cfg.steps:
         return None
     losses = [h["loss"] for h in logs if "loss" in h]
-    summary = {"base": str(base_dir), "train": asdict(cfg), "first_loss": losses[0] if losses else None,
+    summary = {"base": str(base_dir), "train": asdict(cfg), "batch_layout": batch_layout(cfg.batch_size, grad_accum),
+               "first_loss": losses[0] if losses else None,
                "last_loss": losses[-1] if losses else None, "log_history": logs}
     model.eval()
 
+    sd = gather_state_dict(wrapper, "model.")  # None unless FSDP-sharded (the Trainer wrapped ``wrapper``)
+
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=sd)
         processor.save_pretrained(tmp)
         write_json(tmp / SUMMARY_FILE, summary)
 
-    atomic_save_dir(out, write)
+    main_process_writes(atomic_save_dir, out, write)
     return summary

@@ -21,7 +21,14 @@ from ..probes.arch import arch_info
 from ..pvm import PVMBranch, PVMConfig
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
 from ..world.evaluate import load_vlm
-from ..world.train import StageConfig, atomic_save_dir, run_trainer
+from ..world.train import (
+    StageConfig,
+    atomic_save_dir,
+    batch_layout,
+    gather_state_dict,
+    main_process_writes,
+    run_trainer,
+)
 
 SUMMARY_FILE = "lora_train.json"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -78,8 +85,9 @@ def matched_rank(model: nn.Module, targets: list[str], n_params: int) -> tuple[i
 
 def train_lora_control(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
                        pvm_config: PVMConfig | None = None, cfg: LoRATrainConfig | None = None,
-                       stop_after: int | None = None, progress: bool = True) -> dict | None:
-    """Train a LoRA matched to the PVM that ``pvm_config`` would add (same layers, nearest size)."""
+                       stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+    """Train a LoRA matched to the PVM that ``pvm_config`` would add (same layers, nearest size).
+    ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
     from peft import LoraConfig, get_peft_model
 
     out = Path(out)
@@ -101,20 +109,24 @@ def train_lora_control(model_dir: str | os.PathLike, samples: WorldSamples, out:
     data = VLMDataset(samples, VLMDataset.TASKS, cfg.seed, describe_repeats=3)
     model.train()
     logs, step = run_trainer(model, data, VLMCollator(processor), StageConfig(cfg.steps, cfg.lr, cfg.batch_size),
-                             out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress)
+                             out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress,
+                             grad_accum=grad_accum)
     if step < cfg.steps:
         return None
     losses = [h["loss"] for h in logs if "loss" in h]
-    summary = {"base": str(model_dir), "train": asdict(cfg), "layers": layers, "rank": rank,
+    summary = {"base": str(model_dir), "train": asdict(cfg), "batch_layout": batch_layout(cfg.batch_size, grad_accum),
+               "layers": layers, "rank": rank,
                "lora_parameters": n_params, "pvm_parameters": target_params,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "log_history": logs}
 
+    sd = gather_state_dict(model)  # None unless FSDP-sharded
+
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=sd)
         write_json(tmp / SUMMARY_FILE, summary)
 
-    atomic_save_dir(out, write)  # replaces ``out`` (and its checkpoints) in one rename
+    main_process_writes(atomic_save_dir, out, write)  # replaces ``out`` (and its checkpoints) in one rename
     return summary
 
 

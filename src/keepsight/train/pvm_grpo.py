@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..atomic import write_json
 from ..pvm import load_pvm, pvm_report, save_pvm
@@ -27,7 +26,14 @@ from ..world.data import VLMCollator, VLMDataset, WorldSamples, user_message
 from ..world.evaluate import description_budget, load_vlm
 from ..world.rewards import answer_reward, format_reward
 from ..world.texts import DESCRIBE_PROMPT, cell_questions, description, open_questions, yes_no_questions
-from ..world.train import last_complete_checkpoint, stop_at
+from ..world.train import (
+    batch_layout,
+    last_complete_checkpoint,
+    main_process_writes,
+    stop_at,
+    trainer_placement,
+    unshard_root,
+)
 from .pvm_sft import pvm_optimizer
 
 SUMMARY_FILE = "pvm_grpo.json"
@@ -95,9 +101,11 @@ def _trainer_class():
 
     class PVMGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose KL reference is a given model (the base + stage-1 PVM) instead of one
-        rebuilt from the policy's checkpoint path."""
+        rebuilt from the policy's checkpoint path, and whose optimizer comes from ``optimizer_fn(model)``
+        (built by the Trainer: FSDP does not accept a ready-made optimizer)."""
 
-        def __init__(self, *args, ref_model=None, **kwargs):
+        def __init__(self, *args, ref_model=None, optimizer_fn=None, **kwargs):
+            self._optimizer_fn = optimizer_fn
             super().__init__(*args, **kwargs)
             if self.beta == 0.0 or ref_model is None:
                 return
@@ -115,6 +123,11 @@ def _trainer_class():
             else:
                 self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
 
+        def create_optimizer(self, model=None):
+            if self._optimizer_fn is not None and self.optimizer is None:
+                self.optimizer = self._optimizer_fn(self.model if model is None else model)
+            return super().create_optimizer(model)
+
     return PVMGRPOTrainer
 
 
@@ -126,11 +139,14 @@ def _reward_history(logs: list[dict]) -> list[dict]:
 
 def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, samples: WorldSamples,
                        out: str | os.PathLike, cfg: GRPOTrainConfig, stop_after: int | None = None,
-                       progress: bool = True):
+                       progress: bool = True, grad_accum: int = 1):
     """The GRPO trainer for stage 2: policy = base + ``init_pvm`` with only ``pvm.*`` trainable; reference
-    (when ``cfg.beta > 0``) = base + ``init_pvm``, frozen."""
+    (when ``cfg.beta > 0``) = base + ``init_pvm``, frozen. The ``prompts_per_step * num_generations``
+    completions of a step are the global batch, split over the processes and ``grad_accum`` steps (TRL
+    generates once per ``grad_accum`` steps and normalises rewards per group across processes)."""
     from trl import GRPOConfig
 
+    layout = batch_layout(cfg.prompts_per_step * cfg.num_generations, grad_accum)
     out = Path(out)
     model, processor = load_vlm(model_dir)
     load_pvm(model, init_pvm)
@@ -143,7 +159,8 @@ def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike
     args = GRPOConfig(
         output_dir=str(out / "checkpoints"),
         max_steps=cfg.steps,
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
+        per_device_train_batch_size=layout["per_device_batch_size"],
+        gradient_accumulation_steps=layout["grad_accum"],
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length or description_budget(samples.config.max_objects),
         temperature=cfg.temperature,
@@ -159,23 +176,23 @@ def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike
         report_to=[],
         seed=cfg.seed,
         data_seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=False,
+        **trainer_placement(),
         gradient_checkpointing=False,
         disable_tqdm=not progress,
     )
     return _trainer_class()(
         model=model, reward_funcs=[answer_reward, format_reward], args=args,
         train_dataset=grpo_dataset(samples, cfg.tasks, cfg.seed), processing_class=processor,
-        optimizers=(pvm_optimizer(model, cfg.lr, cfg.gate_lr), None), callbacks=[stop_at(stop_after)],
+        optimizer_fn=lambda m: pvm_optimizer(m, cfg.lr, cfg.gate_lr), callbacks=[stop_at(stop_after)],
         ref_model=ref_model,
     )
 
 
 def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, samples: WorldSamples,
                    out: str | os.PathLike, cfg: GRPOTrainConfig | None = None, stop_after: int | None = None,
-                   progress: bool = True) -> dict | None:
-    """GRPO the stage-1 adapter ``init_pvm`` on top of the base in ``model_dir``; adapter -> ``out``.
+                   progress: bool = True, grad_accum: int = 1) -> dict | None:
+    """GRPO the stage-1 adapter ``init_pvm`` on top of the base in ``model_dir``; adapter -> ``out``
+    (written by the main process only under ``accelerate launch``).
 
     Resumable (Trainer checkpoints under ``out/checkpoints``); returns the summary (rewards over training,
     gate values and relative norms before / after), or None when ``stop_after`` ended the run early.
@@ -184,7 +201,7 @@ def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, sa
     if (out / SUMMARY_FILE).is_file() and (out / CONFIG_FILE).is_file():
         return json.loads((out / SUMMARY_FILE).read_text())
     cfg = cfg or GRPOTrainConfig()
-    trainer = build_grpo_trainer(model_dir, init_pvm, samples, out, cfg, stop_after, progress)
+    trainer = build_grpo_trainer(model_dir, init_pvm, samples, out, cfg, stop_after, progress, grad_accum)
     model = trainer.model
     probe_data = VLMDataset(samples, VLMDataset.TASKS, cfg.seed, describe_repeats=3)
     probe_batch = [VLMCollator(trainer.processing_class)([probe_data[i] for i in range(min(8, len(probe_data)))])]
@@ -197,9 +214,16 @@ def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, sa
     logs = [dict(h) for h in trainer.state.log_history]
     rewards = _reward_history(logs)
     summary = {"base": str(model_dir), "init": str(init_pvm), "train": asdict(cfg),
+               "batch_layout": batch_layout(cfg.prompts_per_step * cfg.num_generations, grad_accum),
                "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
                "rewards": rewards, "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
-    save_pvm(model, out)
-    write_json(out / SUMMARY_FILE, summary)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+    unshard_root(model)  # FSDP2: the PVM branches (root group) as whole tensors for save_pvm; else no-op
+
+    def write() -> None:
+        save_pvm(model, out)
+        write_json(out / SUMMARY_FILE, summary)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+    main_process_writes(write)
     return summary

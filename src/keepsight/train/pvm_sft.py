@@ -20,7 +20,7 @@ from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
 from ..pvm.io import CONFIG_FILE
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
 from ..world.evaluate import load_vlm
-from ..world.train import StageConfig, run_trainer
+from ..world.train import StageConfig, batch_layout, main_process_writes, run_trainer, unshard_root
 
 SUMMARY_FILE = "pvm_train.json"
 
@@ -53,11 +53,13 @@ def pvm_optimizer(model, lr: float, gate_lr: float) -> torch.optim.Optimizer:
 
 def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
                   pvm_config: PVMConfig | None = None, cfg: PVMTrainConfig | None = None,
-                  stop_after: int | None = None, progress: bool = True) -> dict | None:
+                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
     """Attach PVM to the base in ``model_dir``, train it on ``samples``, write the adapter to ``out``.
 
     Resumable (Trainer checkpoints under ``out/checkpoints``); returns the summary (gate values and
-    relative norms before / after), or None when ``stop_after`` ended the run early.
+    relative norms before / after), or None when ``stop_after`` ended the run early. ``cfg.batch_size``
+    is the global batch, split over the processes of ``accelerate launch`` and ``grad_accum`` steps;
+    only the main process writes.
     """
     out = Path(out)
     if (out / SUMMARY_FILE).is_file() and (out / CONFIG_FILE).is_file():
@@ -76,15 +78,22 @@ def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str 
     model.train()
     logs, step = run_trainer(model, data, collate, StageConfig(cfg.steps, cfg.lr, cfg.batch_size),
                              out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress,
-                             optimizer=pvm_optimizer(model, cfg.lr, cfg.gate_lr))
+                             optimizer_fn=lambda m: pvm_optimizer(m, cfg.lr, cfg.gate_lr), grad_accum=grad_accum)
     if step < cfg.steps:
         return None
     model.eval()
     losses = [h["loss"] for h in logs if "loss" in h]
     summary = {"base": str(model_dir), "pvm": (pvm_config or PVMConfig()).to_dict(), "train": asdict(cfg),
+               "batch_layout": batch_layout(cfg.batch_size, grad_accum),
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
-    save_pvm(model, out)
-    write_json(out / SUMMARY_FILE, summary)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+    unshard_root(model)  # FSDP2: the PVM branches (root group) as whole tensors for save_pvm; else no-op
+
+    def write() -> None:
+        save_pvm(model, out)
+        write_json(out / SUMMARY_FILE, summary)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+    main_process_writes(write)
     return summary

@@ -13,10 +13,12 @@ the newest complete checkpoint. The final model and processor land in ``<out>``.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -82,6 +84,143 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- helpers
 
 
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process: from torch.distributed once it is initialised, else from the
+    launcher's environment (``accelerate launch`` / torchrun set ``RANK`` and ``WORLD_SIZE``); (0, 1) alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def is_main_process() -> bool:
+    return process_rank()[0] == 0
+
+
+def wait_for_everyone() -> None:
+    """Barrier across the processes of a distributed run (no-op in a single process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def main_process_writes(write, *args) -> None:
+    """Only the main process calls ``write(*args)`` (outputs are written once, not raced by every rank);
+    the others wait for it, so that every process can read the result afterwards."""
+    try:
+        if is_main_process():
+            write(*args)
+    finally:
+        wait_for_everyone()
+
+
+def _fsdp_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gather_state_dict(root: nn.Module, prefix: str = "") -> dict | None:
+    """For saving after FSDP2 training; call it on every process. When ``root``'s parameters are sharded
+    (FSDP2 DTensors) the full state dict, gathered onto the main process (empty on the others), keeping
+    the entries under ``prefix`` with the prefix removed (``"tower."`` for a submodule); None when they are
+    whole (1 process, DDP, ZeRO-2): ``save_pretrained(state_dict=None)`` then reads the model itself."""
+    if not _fsdp_sharded(root):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def unshard_root(model: nn.Module) -> None:
+    """For saving after FSDP2 training; call it on every process. Gathers the root FSDP group (everything
+    not inside an auto-wrapped layer, e.g. the PVM branches under ``model.pvm``): until the next forward,
+    ``model.named_parameters()`` then yields whole tensors there. No-op without FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.unshard()
+
+
+FSDP_WRAP_ENV = "FSDP_TRANSFORMER_CLS_TO_WRAP"
+_LAUNCHER_FSDP_WRAP = os.environ.get(FSDP_WRAP_ENV)  # set by the accelerate config (fsdp_transformer_layer_cls_to_wrap)
+
+
+def fsdp_wrap_classes(model: nn.Module) -> list[str]:
+    """The layer classes FSDP's transformer auto-wrap should shard one by one: those the model and its
+    sub-models declare in ``_no_split_modules`` (decoder / encoder layers) that it actually contains.
+    Accelerate's own default (the top model's ``_no_split_modules``) names classes a LLaVA does not hold
+    (``CLIPTextEmbeddings``) and stops; a bare ``nn.Module`` (the vision stage) declares none."""
+    declared: set[str] = set()
+    present: set[str] = set()
+    for m in model.modules():
+        declared.update(getattr(m, "_no_split_modules", None) or ())
+        present.add(type(m).__name__)
+    return sorted(declared & present)
+
+
+def _set_fsdp_wrap(model: nn.Module) -> None:
+    """Under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` (which names no classes),
+    point the FSDP plugin (built from the environment when the Trainer creates its Accelerator) at this
+    model's layer classes; a class list given in the accelerate config wins."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or _LAUNCHER_FSDP_WRAP:
+        return
+    classes = fsdp_wrap_classes(model)
+    if classes:
+        os.environ[FSDP_WRAP_ENV] = ",".join(classes)
+    else:
+        os.environ.pop(FSDP_WRAP_ENV, None)
+
+
+PRECISIONS = ("no", "bf16", "fp16")
+_LAUNCH: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("keepsight_launch", default=("no", "auto"))
+
+
+@contextmanager
+def launch_options(precision: str = "no", device: str = "auto"):
+    """How the training commands inside the block place and run their models (``--precision``, ``--device``;
+    not part of any cache key): ``precision`` "bf16" / "fp16" trains with autocast mixed precision over
+    fp32 master weights (the Trainer's ``bf16`` / ``fp16``); ``device`` "cpu" forces the CPU, "auto" /
+    "cuda" use the GPU of each process when there is one (``accelerate launch`` assigns them)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"training --device must be auto, cpu or cuda (accelerate places each process), got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but CUDA is not available here; use --device cpu (or auto)")
+    if precision == "fp16" and not torch.cuda.is_available() and device != "cpu":
+        raise ValueError("fp16 mixed precision needs a CUDA GPU; use --precision bf16 on the CPU")
+    token = _LAUNCH.set((precision, device))
+    try:
+        yield
+    finally:
+        _LAUNCH.reset(token)
+
+
+def trainer_placement() -> dict:
+    """``TrainingArguments`` / ``GRPOConfig`` fields for the current ``launch_options``."""
+    precision, device = _LAUNCH.get()  # (precision, device)
+    use_cpu = device == "cpu" or not torch.cuda.is_available()
+    return {"use_cpu": use_cpu, "bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def batch_layout(global_batch: int, grad_accum: int = 1) -> dict:
+    """How a global batch (the samples behind one optimizer step, what every recipe here specifies) is
+    split: ``global_batch = per_device_batch_size * world_size * grad_accum``, over the processes of this
+    run. The same command therefore trains the same way on 1 process or on 8."""
+    world = process_rank()[1]
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+    if global_batch % (world * grad_accum):
+        raise ValueError(f"batch size {global_batch} is not divisible by {world} processes x {grad_accum} "
+                         "gradient-accumulation steps; the batch size is the global batch per optimizer step")
+    return {"global_batch_size": global_batch, "world_size": world, "grad_accum": grad_accum,
+            "per_device_batch_size": global_batch // (world * grad_accum)}
+
+
 def atomic_save_dir(out: Path, write) -> Path:
     """Call ``write(tmpdir)`` then rename tmpdir to ``out`` (replacing it): readers never see a half dir."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,18 +261,48 @@ def stop_at(step: int | None):
     return StopAt()
 
 
+def length_grouped_sampler(lengths, global_batch: int, seed: int):
+    """``transformers``' LengthGroupedSampler, made safe for data parallelism: its permutation depends only
+    on (``seed``, epoch), never on the global RNG (which dropout or a diffusion objective advance
+    differently on every rank, so from the second epoch on the ranks would shard different orders), and it
+    groups by the *global* batch: each run of ``global_batch`` consecutive indices is one optimizer step,
+    which accelerate deals out to the processes (process r takes every r-th per-device batch)."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+
+    class EpochLengthGroupedSampler(LengthGroupedSampler):
+        def __init__(self):
+            super().__init__(global_batch, lengths=list(lengths))
+            self.seed, self.epoch = seed, 0
+
+        def set_epoch(self, epoch: int) -> None:  # called by the Trainer / accelerate at each epoch
+            self.epoch = epoch
+
+        def __iter__(self):
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
+
+    return EpochLengthGroupedSampler()
+
+
 def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_dir: Path, seed: int,
                 save_every: int, stop_after: int | None = None, progress: bool = True,
-                optimizer: torch.optim.Optimizer | None = None) -> tuple[list[dict], int]:
+                optimizer_fn=None, grad_accum: int = 1) -> tuple[list[dict], int]:
     """Train with ``transformers.Trainer``, resuming from the newest complete checkpoint in ``ckpt_dir``.
 
-    ``stop_after`` ends the run early after that global step (after its checkpoint), for tests and for
-    splitting a long stage over several invocations. ``optimizer`` replaces the Trainer's AdamW (e.g.
-    for per-group learning rates); the Trainer still builds the cosine schedule around it. Returns the
-    log history and the global step.
+    Runs as it is or under ``accelerate launch`` (DDP, DeepSpeed, FSDP): ``stage.batch_size`` is the
+    global batch per optimizer step, split over processes and ``grad_accum`` steps (``batch_layout``);
+    every process draws the same length-grouped order (``length_grouped_sampler``) and takes its share
+    of each global batch. ``stop_after`` ends the run early after that global step (after its checkpoint),
+    for tests and for splitting a long stage over several invocations. ``optimizer_fn(model)`` builds the
+    optimizer instead of the Trainer's AdamW (e.g. per-group learning rates); it is called by the Trainer
+    (FSDP does not accept a ready-made optimizer); the Trainer builds the cosine schedule around it.
+    Returns the log history and the global step.
     """
     from transformers import Trainer, TrainingArguments
-    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    layout = batch_layout(stage.batch_size, grad_accum)
+    rank = process_rank()[0]
+    _set_fsdp_wrap(model)
 
     class LengthAwareTrainer(Trainer):
         """Batches of similar length when the dataset knows its items' lengths (``dataset.lengths``):
@@ -142,13 +311,19 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
         def _get_train_sampler(self, train_dataset=None):
             ds = train_dataset if train_dataset is not None else self.train_dataset
             if getattr(ds, "lengths", None) is not None:
-                return LengthGroupedSampler(self.args.train_batch_size, lengths=list(ds.lengths))
+                return length_grouped_sampler(ds.lengths, layout["global_batch_size"], self.args.data_seed)
             return super()._get_train_sampler(train_dataset)
+
+        def create_optimizer(self, model=None):
+            if optimizer_fn is not None and self.optimizer is None:
+                self.optimizer = optimizer_fn(self.model if model is None else model)
+            return super().create_optimizer(model)
 
     args = TrainingArguments(
         output_dir=str(ckpt_dir),
         max_steps=stage.steps,
-        per_device_train_batch_size=stage.batch_size,
+        per_device_train_batch_size=layout["per_device_batch_size"],
+        gradient_accumulation_steps=layout["grad_accum"],
         learning_rate=stage.lr,
         lr_scheduler_type="cosine",
         warmup_steps=max(1, stage.steps // 20),
@@ -159,15 +334,24 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
         save_steps=save_every,
         save_total_limit=2,
         report_to=[],
-        seed=seed,
+        # the model's own randomness (dropout, a diffusion objective's masks) differs per process, as it
+        # would between the samples of one big batch; the data order (data_seed) is the same everywhere
+        seed=seed + rank,
         data_seed=seed,
-        use_cpu=not torch.cuda.is_available(),
+        **trainer_placement(),
+        # frozen parameters (a frozen backbone) are outside DDP's reducer anyway; a trainable parameter
+        # may still get no gradient (the vision stage never reads CLIP's post_layernorm), and DDP must then
+        # not wait for it
+        ddp_find_unused_parameters=True,
         dataloader_num_workers=0,
         remove_unused_columns=False,
         disable_tqdm=not progress,
     )
+    if args.world_size != layout["world_size"]:
+        raise RuntimeError(f"{args.world_size} training processes but the launcher's environment says "
+                           f"{layout['world_size']}")
     trainer = LengthAwareTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
-                                 callbacks=[stop_at(stop_after)], optimizers=(optimizer, None))
+                                 callbacks=[stop_at(stop_after)])
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(ckpt_dir))
     return [dict(h) for h in trainer.state.log_history], trainer.state.global_step
 
@@ -224,24 +408,28 @@ def stage_done(out: Path, stage: str) -> bool:
     return (_stage_dirs(Path(out), stage)[0] / DONE_FILE).is_file()
 
 
-def _finish(out: Path, stage: str, save, logs: list[dict]) -> None:
+def _finish(out: Path, stage: str, save, logs: list[dict], layout: dict) -> None:
     final, ckpts = _stage_dirs(out, stage)
 
     def write(tmp: Path) -> None:
         save(tmp)
         losses = [h["loss"] for h in logs if "loss" in h]
-        info = {"stage": stage, "log_history": logs, "first_loss": losses[0] if losses else None,
-                "last_loss": losses[-1] if losses else None}
+        info = {"stage": stage, "batch_layout": layout, "log_history": logs,
+                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
         (tmp / DONE_FILE).write_text(json.dumps(info, indent=2))
 
-    atomic_save_dir(final, write)
-    shutil.rmtree(ckpts, ignore_errors=True)
+    def publish() -> None:
+        atomic_save_dir(final, write)
+        shutil.rmtree(ckpts, ignore_errors=True)
+
+    main_process_writes(publish)
 
 
 def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
-                stop_after: int | None = None, progress: bool = True) -> dict | None:
+                stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
     """Run one stage (resuming if interrupted). Returns its summary, or None if ``stop_after`` ended
-    it before the last step (run again to continue)."""
+    it before the last step (run again to continue). The stage's batch size is the global batch
+    (``run_trainer``); under ``accelerate launch`` only the main process writes."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {STAGES}")
     out = Path(out)
@@ -266,15 +454,15 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
 
         model = Qwen3ForCausalLM(text_config(preset, tok))
         logs, step = run_trainer(model, TextDataset(samples), TextCollator(tok), st, ckpts, seed,
-                           train_cfg.save_every, stop_after, progress)
-        save = lambda d: (model.save_pretrained(d), tok.save_pretrained(d))  # noqa: E731
+                                 train_cfg.save_every, stop_after, progress, grad_accum=grad_accum)
+        save = lambda d, sd: (model.save_pretrained(d, state_dict=sd), tok.save_pretrained(d))  # noqa: E731
     elif stage == "vision":
         from transformers import CLIPVisionModel
 
         model = VisionPretrainer(CLIPVisionModel(vision_config(preset)), samples.config)
         logs, step = run_trainer(model, VisionDataset(samples), VisionCollator(processor.image_processor), st,
-                           ckpts, seed, train_cfg.save_every, stop_after, progress)
-        save = lambda d: model.tower.save_pretrained(d)  # noqa: E731
+                                 ckpts, seed, train_cfg.save_every, stop_after, progress, grad_accum=grad_accum)
+        save = lambda d, sd: model.tower.save_pretrained(d, state_dict=sd)  # noqa: E731
     else:
         model = _vlm_for_stage(stage, out, preset, tok, seed)
         if stage == "align":
@@ -282,11 +470,12 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
         else:  # about a quarter of the steps on descriptions, the rest on short QA / grounding
             data = VLMDataset(samples, VLMDataset.TASKS, seed, describe_repeats=3)
         logs, step = run_trainer(model, data, VLMCollator(processor), st, ckpts, seed,
-                           train_cfg.save_every, stop_after, progress)
-        save = lambda d: (model.save_pretrained(d), processor.save_pretrained(d))  # noqa: E731
+                                 train_cfg.save_every, stop_after, progress, grad_accum=grad_accum)
+        save = lambda d, sd: (model.save_pretrained(d, state_dict=sd), processor.save_pretrained(d))  # noqa: E731
     if step < st.steps:
         return None
-    _finish(out, stage, save, logs)
+    sd = gather_state_dict(model, "tower." if stage == "vision" else "")  # None unless FSDP-sharded
+    _finish(out, stage, lambda d: save(d, sd), logs, batch_layout(st.batch_size, grad_accum))
     return json.loads((final / DONE_FILE).read_text())
 
 
@@ -330,24 +519,30 @@ def finalize(out: str | os.PathLike) -> Path:
     if not stage_done(out, "instruct"):
         raise RuntimeError(f"{out}: stage 'instruct' has not finished")
     src = _stage_dirs(out, "instruct")[0]
-    for f in src.iterdir():
-        if f.name == DONE_FILE:
-            continue
-        tmp = out / f".{f.name}.tmp"
-        shutil.copy2(f, tmp)
-        os.replace(tmp, out / f.name)
+
+    def copy() -> None:
+        for f in src.iterdir():
+            if f.name == DONE_FILE:
+                continue
+            tmp = out / f".{f.name}.tmp"
+            shutil.copy2(f, tmp)
+            os.replace(tmp, out / f.name)
+
+    main_process_writes(copy)
     return out
 
 
 def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
-               stages: tuple[str, ...] = STAGES, progress: bool = True) -> dict:
+               stages: tuple[str, ...] = STAGES, progress: bool = True, grad_accum: int = 1) -> dict:
     """Run ``stages`` in order (skipping finished ones) and finalise when all four are done."""
+    from ..atomic import write_json
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_config.json").write_text(json.dumps(train_cfg.to_dict(), indent=2))
+    main_process_writes(write_json, out / "train_config.json", train_cfg.to_dict())
     summaries = {}
     for stage in stages:
-        summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress)
+        summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum)
     if all(stage_done(out, s) for s in STAGES):
         finalize(out)
     return summaries
