@@ -140,3 +140,19 @@ def test_bad_checkpoints_and_options(saved, tmp_path, processor):
     (broken / "config.json").write_text(json.dumps(cfg))
     with pytest.raises((OSError, ValueError)):
         load_checkpoint(broken)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3vl", "tiny-qwen25vl"])
+def test_training_and_eval_commands_take_a_qwen_directory(saved, name, tmp_path, capsys):
+    """The commands that take --model run on a Qwen-VL directory (labels from the prompt prefix of its
+    own chat template; image-only processor without torchvision)."""
+    from keepsight.cli import main
+
+    data = tmp_path / "data"
+    assert main(["world", "build", "--out", str(data), "--n", "4", "--seed", "1"]) == 0
+    common = ["--model", str(saved[name]), "--data", str(data)]
+    assert main(["pvm", "train", "--stage", "sft", *common, "--out", str(tmp_path / "pvm"), "--steps", "2",
+                 "--batch-size", "2", "--device", "cpu"]) == 0
+    assert main(["lora", "train", *common, "--out", str(tmp_path / "lora"), "--steps", "2", "--batch-size", "2"]) == 0
+    assert main(["world", "eval", *common, "--limit", "2", "--pvm", str(tmp_path / "pvm"), "--dtype", "fp32"]) == 0
+    assert "CHAIRi" in capsys.readouterr().out

@@ -35,6 +35,10 @@ def test_answer_labels_cover_only_the_answer(processor, samples):
         kept = ids[labels != -100]
         assert tok.convert_ids_to_tokens(kept.tolist())[-1] == "<eos>"
         assert tok.decode(kept, skip_special_tokens=True) in ("yes", "no")
+        start = int((labels != -100).nonzero()[0])
+        assert tok.convert_ids_to_tokens(ids[start - 2 : start].tolist()) == ["assistant", ":"]
+    same = answer_labels(batch["input_ids"], batch["attention_mask"], tok)  # the marker-based labels agree
+    assert torch.equal(same, batch["labels"])
     with pytest.raises(ValueError, match="no assistant turn"):
         answer_labels(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long), tok)
 

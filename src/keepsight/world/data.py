@@ -191,15 +191,35 @@ class VLMDataset(torch.utils.data.Dataset):
 
 @dataclass
 class VLMCollator:
-    """Chat-formatted, right-padded batches; labels only on the assistant's answer and eos."""
+    """Chat-formatted, right-padded batches; labels only on the assistant's answer (and what the chat
+    template closes it with: eos here, ``<|im_end|>`` in Qwen's). The answer starts where the prompt
+    rendered with ``add_generation_prompt=True`` ends, so any chat template that renders the prompt as
+    a prefix of the whole turn works (the world's, Qwen-VL's, LLaVA's); one that does not is an error."""
 
     processor: object
 
     def __call__(self, batch: list[dict]) -> dict:
         proc = self.processor
+        tok = proc.tokenizer
+        images = [b["image"] for b in batch]
         texts = [chat_example(proc, b["prompt"], b["answer"]) for b in batch]
-        enc = proc(text=texts, images=[b["image"] for b in batch], return_tensors="pt", padding=True)
-        enc["labels"] = answer_labels(enc["input_ids"], enc["attention_mask"], proc.tokenizer)
+        prompts = [chat_example(proc, b["prompt"]) for b in batch]
+        side, tok.padding_side = tok.padding_side, "right"
+        try:
+            enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
+            penc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
+        finally:
+            tok.padding_side = side
+        starts = penc["attention_mask"].sum(1)  # [B] prompt tokens per row (right padding)
+        ids = enc["input_ids"]  # [B, T]
+        for b, n in enumerate(starts.tolist()):
+            if n >= int(enc["attention_mask"][b].sum()) or not torch.equal(ids[b, :n], penc["input_ids"][b, :n]):
+                raise ValueError(f"row {b}: the chat template does not render the prompt as a prefix of the "
+                                 "whole turn; cannot tell the answer's tokens")
+        labels = ids.clone()
+        labels[torch.arange(ids.shape[1])[None] < starts[:, None]] = IGNORE_INDEX
+        labels[enc["attention_mask"] == 0] = IGNORE_INDEX
+        enc["labels"] = labels
         return dict(enc)
 
 
