@@ -7,8 +7,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keepsight-installed
 DEMO_ARGS ?=
 TEST_ARGS ?=
+# lmms-eval needs torchvision, so it gets its own venv (the CUDA torch wheels: several GB)
+LMMS_VENV ?= .venv-lmms
+LMMS_TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+LMMS_PY := $(LMMS_VENV)/bin/python
+LMMS_STAMP := $(LMMS_VENV)/.keepsight-installed
 
-.PHONY: install demo smoke test test-all lint clean
+.PHONY: install demo smoke test test-all test-lmms lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +35,17 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow" $(TEST_ARGS)
+
+$(LMMS_STAMP): pyproject.toml Makefile
+	test -x $(LMMS_PY) || $(PYTHON) -m venv $(LMMS_VENV)
+	$(LMMS_PY) -m pip install --quiet --upgrade pip
+	$(LMMS_PY) -m pip install --quiet $(LMMS_TORCH_SPEC)
+	$(LMMS_PY) -m pip install --quiet -e ".[train,dev,lmms]"
+	touch $(LMMS_STAMP)
+
+# keepsight inside lmms-eval's own evaluator (tests/lmms; `make test` does not collect it)
+test-lmms: $(LMMS_STAMP)
+	$(LMMS_PY) -m pytest -q tests/lmms $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
