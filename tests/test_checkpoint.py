@@ -112,7 +112,7 @@ def test_mrs_applies_to_autoregressive_qwen(saved):
             assert not torch.equal(model(**enc).logits, base)
 
 
-def test_bad_checkpoints_and_options(saved, tmp_path, processor):
+def test_bad_checkpoints_and_options(saved, tmp_path, processor, capsys):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -125,8 +125,13 @@ def test_bad_checkpoints_and_options(saved, tmp_path, processor):
     lm.save_pretrained(tmp_path / "qwen3")
     with pytest.raises(ValueError, match="unsupported architecture model_type='qwen3'"):
         load_checkpoint(tmp_path / "qwen3")
-    with pytest.raises(ValueError, match="needs a autoregressive|needs a diffusion"):
+    with pytest.raises(ValueError, match="is an autoregressive checkpoint .*needs a diffusion one"):
         load_checkpoint(saved["tiny-llava"], expect="diffusion")
+    from keepsight.cli import main
+
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2"]) == 0
+    assert main(["world", "eval", "--model", str(saved["tiny-llada-v"]), "--data", str(tmp_path / "w")]) == 2
+    assert "is a diffusion checkpoint (llada_v); this needs an autoregressive one" in capsys.readouterr().err
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype("int8")
     if not torch.cuda.is_available():

@@ -126,7 +126,10 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
     kind = checkpoint_kind(path)
     family = "diffusion" if kind in DIFFUSION else "autoregressive"
     if expect is not None and expect != family:
-        raise ValueError(f"{path} is a {family} checkpoint ({kind}); this command needs a {expect} one")
+        def a(word: str) -> str:
+            return ("an " if word[0] in "aeiou" else "a ") + word
+
+        raise ValueError(f"{path} is {a(family)} checkpoint ({kind}); this needs {a(expect)} one")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if kind == "llava_llada":

@@ -69,13 +69,14 @@ def cmd_world_train(args) -> int:
 
 
 def cmd_world_eval(args) -> int:
+    from .checkpoint import load_checkpoint
     from .world.data import WorldSamples
     from .world.dataset import read_world
-    from .world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no, load_vlm
+    from .world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
-    model, processor = load_vlm(args.model, device=args.device, dtype=args.dtype)
+    model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm and args.lora:
         raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
     if args.pvm:
@@ -109,15 +110,15 @@ def cmd_diagnose(args) -> int:
     from pathlib import Path
 
     from .atomic import write_json
+    from .checkpoint import load_checkpoint
     from .report.plots import plot_diagnosis
     from .world.data import WorldSamples
     from .world.dataset import read_world
     from .world.diagnose import diagnose
-    from .world.evaluate import load_vlm
 
     cfg, records = read_world(args.data)
     samples = WorldSamples.from_records(cfg, records[: args.limit] if args.limit else records)
-    model, processor = load_vlm(args.model, device=args.device, dtype=args.dtype)
+    model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     diag = diagnose(model, processor, samples, args.prompt, args.max_new_tokens, args.batch_size)
     out = Path(args.out)
     write_json(out / "diagnosis.json", diag)
