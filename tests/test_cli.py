@@ -96,9 +96,21 @@ def test_diffusion_train_needs_a_world_base(tiny_base, tmp_path, capsys):
     assert "no finished vision stage" in capsys.readouterr().err
 
 
-def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys):
+def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeypatch):
     """Inference commands load --model in --dtype on --device; training commands take --precision / --device."""
     from safetensors.torch import load_file
+    from transformers import Trainer
+
+    import keepsight.world.train as wt
+
+    seen = []
+    original = Trainer.training_step
+
+    def spy(self, model, inputs, *args, **kwargs):  # what the Trainer's accelerator really does
+        seen.append((self.args.bf16, self.accelerator.mixed_precision, self.accelerator.native_amp))
+        return original(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", spy)
 
     common = ["--model", str(tiny_base), "--data", str(tiny_base / "data")]
     assert main(["world", "eval", *common, "--limit", "2", "--dtype", "bf16", "--device", "cpu",
@@ -107,8 +119,12 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys):
     argv = ["pvm", "train", "--stage", "sft", *common, "--out", str(tmp_path / "bf16"), "--steps", "2",
             "--batch-size", "2", "--precision", "bf16", "--device", "cpu"]
     assert main(argv) == 0
+    assert seen and set(seen) == {(True, "bf16", True)}  # bf16 autocast on the CPU, every step
     adapter = load_file(tmp_path / "bf16" / "pvm.safetensors")
     assert {t.dtype for t in adapter.values()} == {torch.float32}  # fp32 master weights under bf16 autocast
+    assert main(argv[:-3] + ["fp16", "--device", "cpu"]) == 2
+    assert "fp16 mixed precision needs a GPU" in capsys.readouterr().err
+    assert wt.trainer_placement()["bf16"] is False  # the options end with the command
     if not torch.cuda.is_available():
         assert main(argv[:-1] + ["cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err

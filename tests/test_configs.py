@@ -98,6 +98,7 @@ def test_fsdp_wraps_the_layers_of_every_trained_model(fsdp_plugin, processor, mo
     }
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setattr(wt, "_LAUNCHER_FSDP_WRAP", None)  # the config names no classes
+    monkeypatch.setenv(wt.FSDP_WRAP_ENV, "")  # restored after the test (_set_fsdp_wrap writes os.environ)
     for name, (model, layer_classes) in models.items():
         wt._set_fsdp_wrap(model)  # what run_trainer does before the Trainer builds its Accelerator
         classes = os.environ[wt.FSDP_WRAP_ENV].split(",")

@@ -195,3 +195,17 @@ def test_ddp_with_gradient_accumulation_matches(tiny_base, tmp_path):
     s = _run_both(tiny_base, tmp_path, {"single": (1, []), "ddp_accum": (2, ["--grad-accum", "2"])})
     assert s["ddp_accum"]["batch_layout"]["per_device_batch_size"] == 1
     assert _compare(s["single"], s["ddp_accum"], tmp_path / "single", tmp_path / "ddp_accum") < 1e-4
+
+
+def test_main_process_writes_reraises_the_writers_error():
+    from keepsight.world.train import main_process_writes
+
+    done = []
+    main_process_writes(done.append, 1)
+    assert done == [1]
+
+    def fail():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        main_process_writes(fail)

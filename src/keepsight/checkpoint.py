@@ -17,7 +17,8 @@ plugin, the Python API):
   image processor instead.
 
 dtype: ``auto`` (bf16 on a CUDA device that supports it, else fp16 on CUDA, fp32 on CPU), ``float32`` /
-``fp32``, ``bfloat16`` / ``bf16``, ``float16`` / ``fp16``. device: ``auto`` (``cuda`` when present, else
+``fp32``, ``bfloat16`` / ``bf16``, ``float16`` / ``fp16``, or ``None``: the dtype the checkpoint was saved
+in (transformers' own default; what the training commands use). device: ``auto`` (``cuda`` when present, else
 ``cpu``), ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
 """
 
@@ -131,7 +132,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
 
         raise ValueError(f"{path} is {a(family)} checkpoint ({kind}); this needs {a(expect)} one")
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = None if dtype is None else resolve_dtype(dtype, dev)  # None: as saved
     if kind == "llava_llada":
         raise ValueError(f"{path}: LLaDA-V's own llava_llada config names its vision tower by hub id only; load it "
                          "with keepsight.diffusion.load_llada_v(dir, config=LlavaConfig(...)) and save_pretrained "
@@ -150,7 +151,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
         from .diffusion import load_llada_v  # also registers model_type "llada"
 
         if _has_hf_layout(path):
-            model = LlavaForConditionalGeneration.from_pretrained(path, dtype=dt)
+            model = LlavaForConditionalGeneration.from_pretrained(path, dtype=dt or "auto")
         else:
             model = load_llada_v(path, dtype=dt)
         return model.to(dev).eval(), processor
@@ -158,7 +159,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
 
     from .bridge import swap  # noqa: F401  (registers model_type keepsight_llava)
 
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
     return model.to(dev).eval(), processor
 
 

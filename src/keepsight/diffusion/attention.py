@@ -6,15 +6,23 @@ sampler step), recomputes the attention of the *generation slots* (columns >= ``
 module's own q/k projections and the ``(cos, sin)`` it is given - so it sees whatever MRS, NTK or YaRN
 did to the rotary embedding - without touching the model's output. Per layer it accumulates:
 
-- attention mass per step from generation slots to four key kinds: ``visual`` (image tokens), ``mask``
+Queries are the still-masked generation slots by default (``queries="masked"``: the slots whose tokens
+the step predicts) or every generation slot (``queries="all"``, committed ones included).
+
+- attention mass per step from the query slots to four key kinds: ``visual`` (image tokens), ``mask``
   (still-masked slots other than the query itself), ``generated`` (committed slots, not the query) and
   ``prompt`` (other prompt tokens), plus ``self`` (the slot itself; the five sum to 1), averaged over
   slots, heads and rows;
 - a distance profile for ``visual`` and ``mask`` keys: the mean attention weight one key of that kind gets
-  from a generation slot at relative distance ``|i - j|`` (column distance, binned by ``bin_width``), and
-  the mean absolute attention-logit contribution of each RoPE frequency band at that distance. The D/2
-  rotary pairs are split into ``n_bands`` equal bands, band 0 holding the highest frequencies (pair 0);
-  the logit ``q.k * scaling`` is the sum of the bands' parts exactly.
+  from a query slot at relative distance ``|i - j|`` (column distance; bin b holds distances
+  ``b * bin_width + 1 .. (b + 1) * bin_width``), and each RoPE frequency band's share of the summed
+  absolute band logits ``|q_band . k_band| * scaling`` at that distance. The D/2 rotary pairs are split
+  into ``n_bands`` equal bands, band 0 holding the highest frequencies (pair 0); the logit
+  ``q.k * scaling`` is the sum of the bands' signed parts exactly.
+
+Models: bidirectional LLaMA-style attention (Llada, LLaDA-V) - q/k from ``q_proj`` / ``k_proj``, RoPE, no
+q/k norms. Causal attention or attention with ``q_norm`` / ``k_norm`` (Qwen3) is refused: the recomputed
+weights would not be the model's.
 
 Column distance equals RoPE distance when ``position_ids`` are ``0..T-1`` (the sampler's default).
 Attention is recomputed in fp32 for the generation rows only: ``[B, H, G, T]`` per layer and forward.
@@ -39,12 +47,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class RoPEAttentionProbe:
     """``with RoPEAttentionProbe(model, gen_start=P, mask_token_id=m) as probe: generate(...)``; then
-    ``probe.result()``. ``model`` is a LLaDA-V-style VLM (or a bare Llada / LLaMA-family LM) called with
-    ``input_ids`` (and an optional ``[B, T]`` padding ``attention_mask``) at every forward."""
+    ``probe.result()``. ``model`` is a LLaDA-V-style VLM (or a bare Llada LM) called with ``input_ids``
+    (and an optional ``[B, T]`` padding ``attention_mask``) at every forward."""
 
     def __init__(self, model: torch.nn.Module, *, gen_start: int, mask_token_id: int,
                  image_token_id: int | None = None, layers: list[int] | None = None, n_bands: int = 3,
-                 bin_width: int = 8):
+                 bin_width: int = 8, queries: str = "masked"):
         stack = decoder_stack(model)
         n_layers = len(stack.layers)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
@@ -56,6 +64,14 @@ class RoPEAttentionProbe:
         for name in ("q_proj", "k_proj", "head_dim", "scaling"):
             if not hasattr(attn, name):
                 raise TypeError(f"{type(attn).__name__} has no {name!r}: RoPEAttentionProbe needs LLaMA-style attention")
+        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+            raise TypeError(f"{type(attn).__name__} normalises q / k before RoPE; RoPEAttentionProbe recomputes "
+                            "LLaMA-style q / k only")
+        if getattr(attn, "is_causal", False):
+            raise TypeError(f"{type(attn).__name__} is causal; RoPEAttentionProbe measures bidirectional "
+                            "(masked-diffusion) attention")
+        if queries not in ("masked", "all"):
+            raise ValueError(f"queries must be 'masked' or 'all', got {queries!r}")
         half = attn.head_dim // 2
         if not 1 <= n_bands <= half:
             raise ValueError(f"n_bands must be in [1, {half}] (rotary pairs per head), got {n_bands}")
@@ -68,7 +84,7 @@ class RoPEAttentionProbe:
             image_token_id = getattr(cfg, "image_token_id", getattr(cfg, "image_token_index", None))
         self.model, self.stack = model, stack
         self.gen_start, self.mask_token_id, self.image_token_id = gen_start, mask_token_id, image_token_id
-        self.n_bands, self.bin_width, self.half = n_bands, bin_width, half
+        self.n_bands, self.bin_width, self.half, self.queries = n_bands, bin_width, half, queries
         # band of each rotary pair: [D/2] -> 0 (highest frequencies) .. n_bands - 1 (lowest)
         self.pair_band = torch.arange(half) * n_bands // half
         self._handles: list = []
@@ -116,10 +132,12 @@ class RoPEAttentionProbe:
     def _close_step(self, module, args, output):
         if self._step is not None:
             self.steps.append(self._step)
-        self._step = None
+        self._step, self._ids, self._pad = None, None, None
 
     def _make_hook(self, slot: int):
         def hook(module, args, kwargs):
+            if self._step is None:  # a forward that did not enter through ``model`` (e.g. the stack alone)
+                return
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             cos, sin = kwargs["position_embeddings"]
             with torch.no_grad():
@@ -157,8 +175,13 @@ class RoPEAttentionProbe:
             "prompt": (~gen_key & ~visual & valid)[:, None, :].expand(B, 1, T),
             "self": ~not_self[None],
         }  # kind -> [B, G|1, T] key selection per query row
-        qvalid = valid[:, P:]  # [B, G]
-        n_q = qvalid.sum().clamp(min=1) * prob.shape[1]  # (row, query) pairs x heads
+        qvalid = valid[:, P:]  # [B, G] query slots
+        if self.queries == "masked":
+            qvalid = qvalid & is_mask[:, P:]
+        n_q = qvalid.sum() * prob.shape[1]  # (row, query) pairs x heads
+        if n_q == 0:  # nothing left to predict in this forward
+            self._step[slot] = float("nan")
+            return
         for j, kind in enumerate(KINDS):
             w = (kinds[kind] & qvalid[:, :, None]).float()  # [B, G, T]
             self._step[slot, j] = float((prob * w[:, None]).sum() / n_q)
@@ -177,9 +200,11 @@ class RoPEAttentionProbe:
                 "count": (w.sum(0) * heads).flatten(),
             }
             band = (band_logits.abs() * w[None, :, None]).sum((1, 2)).flatten(1)  # [n_bands, G*T]
-            prob_b = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, sums["prob"].double())
-            count_b = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, sums["count"].double())
-            band_b = torch.zeros(self.n_bands, n_bins, dtype=torch.float64).index_add_(1, bins, band.double())
+            # accumulate on the CPU in float64 (inputs may live on a GPU, where float64 may not exist)
+            idx = bins.cpu()
+            prob_b = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, sums["prob"].cpu().double())
+            count_b = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, sums["count"].cpu().double())
+            band_b = torch.zeros(self.n_bands, n_bins, dtype=torch.float64).index_add_(1, idx, band.cpu().double())
             self._prob[kind] = _grow_add(self._prob[kind], prob_b, slot, self._L)
             self._count[kind] = _grow_add(self._count[kind], count_b, slot, self._L)
             self._band[kind] = _grow_add(self._band[kind], band_b, slot, self._L)
@@ -188,7 +213,7 @@ class RoPEAttentionProbe:
 
     def result(self) -> dict:
         """Plain lists (JSON-ready). ``mass_per_step[kind]``: per forward, the mean over layers of the
-        attention mass generation slots give that key kind. ``profile[kind]``: per distance bin (``bins``
+        attention mass the query slots give that key kind. ``profile[kind]``: per distance bin (``bins``
         holds each bin's first distance) the mean attention weight per key (``attention``, mean over
         layers), the number of (row, head, query, key) samples, and ``band_share`` - each band's share of
         the summed |logit contribution| (band 0 = highest frequencies). ``per_layer`` keeps the same
@@ -197,9 +222,11 @@ class RoPEAttentionProbe:
             raise RuntimeError("RoPEAttentionProbe saw no forward pass")
         steps = torch.stack(self.steps)  # [S, L, 5]
         out = {"layers": self.layers, "n_bands": self.n_bands, "bin_width": self.bin_width,
-               "gen_start": self.gen_start, "n_forwards": len(self.steps),
-               "mass_per_step": {k: steps[:, :, j].mean(1).tolist() for j, k in enumerate(KINDS)},
-               "mass": {k: float(steps[:, :, j].mean()) for j, k in enumerate(KINDS)},
+               "gen_start": self.gen_start, "queries": self.queries, "n_forwards": len(self.steps),
+               # a forward with no query slot left records NaN: None per step, skipped in the mean
+               "mass_per_step": {k: [None if v != v else v for v in steps[:, :, j].mean(1).tolist()]
+                                 for j, k in enumerate(KINDS)},
+               "mass": {k: float(steps[:, :, j].nanmean()) for j, k in enumerate(KINDS)},
                "profile": {}, "per_layer": {}}
         for kind in PROFILE_KINDS:
             count, prob, band = self._count[kind], self._prob[kind], self._band[kind]  # [L, n], [L, n], [L, nb, n]

@@ -26,8 +26,9 @@ Other model arguments: ``dtype`` (``auto``: float32 on CPU, bfloat16 on a GPU th
 Requests (lmms-eval's simple-model layout): ``generate_until`` args ``(context, gen_kwargs, doc_to_visual,
 doc_id, task, split)``; the image(s) from ``doc_to_visual(self.task_dict[task][split][doc_id])`` and the
 context go through the processor's chat template as one user turn. Greedy unless ``gen_kwargs`` has
-``temperature > 0``; ``max_new_tokens``, ``top_p``, ``top_k``, ``num_beams`` are honoured and the text is
-cut at the first ``until`` string. ``loglikelihood`` args ``(context, continuation or doc_to_target,
+``temperature > 0``; ``max_new_tokens``, ``top_p``, ``top_k``, ``num_beams`` are honoured (by the
+autoregressive methods; ``method=diffusion`` uses ``max_new_tokens`` / ``gen_length``, ``steps``,
+``block_length`` and ``temperature`` only) and the text is cut at the first ``until`` string. ``loglikelihood`` args ``(context, continuation or doc_to_target,
 doc_to_visual, doc_id, task, split)``: the summed log-probability of the continuation's tokens appended to
 the chat prompt, and whether greedy decoding would produce them. Not supported: multi-round generation,
 and loglikelihood for ``method=diffusion`` (both raise ``NotImplementedError``).

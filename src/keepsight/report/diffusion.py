@@ -56,15 +56,17 @@ ATT_HEADER = ["setting"] + [f"mass -> {k}" for k in MASS_KINDS] + [
 
 
 def _profile_rows(att: dict, kind: str) -> tuple[list[list], list[str]]:
-    """Rows per distance bin: attention per key and low/high band share per setting."""
+    """Rows per distance bin (keyed by the bin's first distance): weight per key and the highest / lowest
+    band's share for each setting (blank where a setting has no sample at that distance)."""
     names = [n for n in att if kind in att[n]["profile"]]
-    bins = att[names[0]]["profile"][kind]["bins"] if names else []
+    by = {n: {b: i for i, b in enumerate(att[n]["profile"][kind]["bins"])} for n in names}
+    starts = sorted({b for n in names for b in by[n]})
     rows = []
-    for i, b in enumerate(bins):
+    for b in starts:
         row = [f"{b}-{b + att[names[0]]['bin_width'] - 1}"]
         for n in names:
-            p = att[n]["profile"][kind]
-            row += [p["attention"][i], p["band_share"][0][i], p["band_share"][-1][i]] if i < len(p["bins"]) else [None] * 3
+            p, i = att[n]["profile"][kind], by[n].get(b)
+            row += [None] * 3 if i is None else [p["attention"][i], p["band_share"][0][i], p["band_share"][-1][i]]
         rows.append(row)
     return rows, names
 

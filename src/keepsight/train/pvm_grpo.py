@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import write_json
-from ..pvm import load_pvm, pvm_report, save_pvm
+from ..pvm import load_pvm, pvm_report
 from ..pvm.io import CONFIG_FILE
 from ..world.data import VLMCollator, VLMDataset, WorldSamples, user_message
 from ..world.evaluate import description_budget, load_vlm
@@ -29,12 +27,10 @@ from ..world.texts import DESCRIBE_PROMPT, cell_questions, description, open_que
 from ..world.train import (
     batch_layout,
     last_complete_checkpoint,
-    main_process_writes,
     stop_at,
     trainer_placement,
-    unshard_root,
 )
-from .pvm_sft import pvm_optimizer
+from .pvm_sft import publish_adapter, pvm_optimizer
 
 SUMMARY_FILE = "pvm_grpo.json"
 GRPO_TASKS = ("describe", "open", "yes_no", "cell")
@@ -218,12 +214,5 @@ def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, sa
                "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
                "rewards": rewards, "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
 
-    unshard_root(model)  # FSDP2: the PVM branches (root group) as whole tensors for save_pvm; else no-op
-
-    def write() -> None:
-        save_pvm(model, out)
-        write_json(out / SUMMARY_FILE, summary)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-
-    main_process_writes(write)
+    publish_adapter(model, out, SUMMARY_FILE, summary)
     return summary

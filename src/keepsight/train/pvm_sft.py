@@ -88,12 +88,19 @@ def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str 
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
 
-    unshard_root(model)  # FSDP2: the PVM branches (root group) as whole tensors for save_pvm; else no-op
+    publish_adapter(model, out, SUMMARY_FILE, summary)
+    return summary
+
+
+def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
+    """Write the trained PVM adapter and its summary to ``out`` (rank 0 only, atomically) and drop the
+    Trainer checkpoints. On every process: FSDP2 keeps the PVM branches in the root group, gathered
+    whole here first (a no-op otherwise)."""
+    unshard_root(model)
 
     def write() -> None:
         save_pvm(model, out)
-        write_json(out / SUMMARY_FILE, summary)
+        write_json(out / summary_file, summary)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
     main_process_writes(write)
-    return summary

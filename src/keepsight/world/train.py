@@ -108,12 +108,24 @@ def wait_for_everyone() -> None:
 
 def main_process_writes(write, *args) -> None:
     """Only the main process calls ``write(*args)`` (outputs are written once, not raced by every rank);
-    the others wait for it, so that every process can read the result afterwards."""
-    try:
-        if is_main_process():
+    the others wait for it, so that every process can read the result afterwards. If the main process's
+    write fails, it raises that error and every other process raises a RuntimeError saying so (instead
+    of failing later on a missing file)."""
+    import torch.distributed as dist
+
+    error = None
+    if is_main_process():
+        try:
             write(*args)
-    finally:
-        wait_for_everyone()
+        except BaseException as e:  # re-raised below, after the others have been told
+            error = e
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = [error is None]
+        dist.broadcast_object_list(flag, src=0)
+        if error is None and not flag[0]:
+            raise RuntimeError("the main process failed to write its outputs (see its error)")
+    if error is not None:
+        raise error
 
 
 def _fsdp_sharded(model: nn.Module) -> bool:
@@ -191,8 +203,9 @@ def launch_options(precision: str = "no", device: str = "auto"):
         raise ValueError(f"training --device must be auto, cpu or cuda (accelerate places each process), got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but CUDA is not available here; use --device cpu (or auto)")
-    if precision == "fp16" and not torch.cuda.is_available() and device != "cpu":
-        raise ValueError("fp16 mixed precision needs a CUDA GPU; use --precision bf16 on the CPU")
+    if precision == "fp16" and (device == "cpu" or not torch.cuda.is_available()):
+        raise ValueError("fp16 mixed precision needs a GPU (accelerate ignores it on the CPU); use --precision "
+                         "bf16 on the CPU")
     token = _LAUNCH.set((precision, device))
     try:
         yield
@@ -210,7 +223,9 @@ def trainer_placement() -> dict:
 def batch_layout(global_batch: int, grad_accum: int = 1) -> dict:
     """How a global batch (the samples behind one optimizer step, what every recipe here specifies) is
     split: ``global_batch = per_device_batch_size * world_size * grad_accum``, over the processes of this
-    run. The same command therefore trains the same way on 1 process or on 8."""
+    run. Losses that average over the Trainer's global token count (the world VLMs') then train the same
+    way on 1 process or on 8; the masked-diffusion objective averages per micro-batch and draws its masks
+    per process, so there the split changes the weighting slightly."""
     world = process_rank()[1]
     if grad_accum < 1:
         raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
@@ -302,6 +317,9 @@ def run_trainer(model: nn.Module, dataset, collator, stage: StageConfig, ckpt_di
 
     layout = batch_layout(stage.batch_size, grad_accum)
     rank = process_rank()[0]
+    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        raise ValueError("DeepSpeed ZeRO-3 is not supported (outputs are saved from rank 0's parameters); use "
+                         "configs/accelerate/fsdp.yaml to shard parameters, or ZeRO-2")
     _set_fsdp_wrap(model)
 
     class LengthAwareTrainer(Trainer):
