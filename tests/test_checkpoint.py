@@ -161,6 +161,12 @@ def test_training_and_eval_commands_take_a_qwen_directory(saved, name, tmp_path,
     assert main(["lora", "train", *common, "--out", str(tmp_path / "lora"), "--steps", "2", "--batch-size", "2"]) == 0
     assert main(["world", "eval", *common, "--limit", "2", "--pvm", str(tmp_path / "pvm"), "--dtype", "fp32"]) == 0
     assert "CHAIRi" in capsys.readouterr().out
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:  # GRPO with the real processor: tests/lmms (make test-lmms)
+        assert main(["pvm", "train", "--stage", "grpo", *common, "--init", str(tmp_path / "pvm"),
+                     "--out", str(tmp_path / "g"), "--steps", "1"]) == 2
+        assert "install torchvision" in capsys.readouterr().err
 
 
 def test_dtype_none_keeps_the_saved_dtype(tmp_path):

@@ -145,6 +145,12 @@ def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike
     layout = batch_layout(cfg.prompts_per_step * cfg.num_generations, grad_accum)
     out = Path(out)
     model, processor = load_vlm(model_dir)
+    from transformers import ProcessorMixin
+
+    if not isinstance(processor, ProcessorMixin):  # keepsight's image-only Qwen processor (no torchvision)
+        raise ValueError(f"GRPO (TRL) needs the checkpoint's own processor class; {model_dir} loaded an image-only "
+                         f"{type(processor).__name__} because torchvision is missing - install torchvision (with "
+                         "a matching torch) to run stage 2 on Qwen-VL")
     load_pvm(model, init_pvm)
     for name, p in model.named_parameters():
         p.requires_grad = name.startswith("pvm.")
