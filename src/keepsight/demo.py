@@ -77,17 +77,11 @@ PROFILES = {
 }
 
 
-# Bump when the training code changes what the same configuration trains (cached models then retrain).
-# 2: length-grouped batches seeded by (data seed, epoch) and grouped by the global batch (DDP-safe order).
-TRAINING_CODE = 2
-
-
 def cache_key(profile: DemoProfile) -> str:
     """Hash of everything that determines the trained base model (world, data, training, version)."""
     blob = json.dumps(
         {"world": profile.world.to_dict(), "n_train": profile.n_train, "seed": TRAIN_SEED,
-         "train": profile.train.to_dict(), "keepsight": __version__,
-         "training_code": TRAINING_CODE},
+         "train": profile.train.to_dict(), "keepsight": __version__},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -175,7 +175,9 @@ def run_diffusion_experiment(exp: DiffusionExperiment, base_dir: Path, train: Wo
     from ..train.diffusion import train_diffusion
     from ..world.evaluate import load_vlm
 
-    key = hashlib.sha256(json.dumps(asdict(exp.train), sort_keys=True).encode()).hexdigest()[:12]
+    # training_code 2: batches after the first epoch no longer follow the global RNG (which the masking
+    # objective advances), so the same configuration trains a different model than keepsight <= 0.1 did
+    key = hashlib.sha256(json.dumps({**asdict(exp.train), "training_code": 2}, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({exp.train.steps} steps) -> {model_dir}")
     summary = train_diffusion(base_dir, train, model_dir, exp.train, progress=False)

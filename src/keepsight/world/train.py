@@ -277,24 +277,35 @@ def stop_at(step: int | None):
 
 
 def length_grouped_sampler(lengths, global_batch: int, seed: int):
-    """``transformers``' LengthGroupedSampler, made safe for data parallelism: its permutation depends only
-    on (``seed``, epoch), never on the global RNG (which dropout or a diffusion objective advance
-    differently on every rank, so from the second epoch on the ranks would shard different orders), and it
-    groups by the *global* batch: each run of ``global_batch`` consecutive indices is one optimizer step,
-    which accelerate deals out to the processes (process r takes every r-th per-device batch)."""
+    """``transformers``' LengthGroupedSampler, made safe for data parallelism: its permutations come from a
+    generator of its own, never from the global RNG (which dropout or a diffusion objective advance
+    differently on every rank, so the ranks would shard different orders), and it groups by the *global*
+    batch: each run of ``global_batch`` consecutive indices is one optimizer step, which accelerate deals
+    out to the processes (process r takes every r-th per-device batch).
+
+    The stream is the one a single-process Trainer used to draw from the global RNG right after
+    ``set_seed(seed)`` when the run did not consume randomness itself: per epoch one int64 (the
+    DataLoader's base seed) then one permutation. Epoch e's order is recomputed from the start of that
+    stream, so it is the same on every rank and after a resume; single-process runs of the world stages
+    reproduce the orders (and models) of earlier keepsight versions."""
     from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
     class EpochLengthGroupedSampler(LengthGroupedSampler):
         def __init__(self):
             super().__init__(global_batch, lengths=list(lengths))
-            self.seed, self.epoch = seed, 0
+            self.seed, self.epoch, self._iters, self._epoch_given = seed, 0, 0, False
 
         def set_epoch(self, epoch: int) -> None:  # called by the Trainer / accelerate at each epoch
-            self.epoch = epoch
+            self.epoch, self._epoch_given = epoch, True
 
         def __iter__(self):
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
+            epoch = self.epoch if self._epoch_given else self._iters
+            self._iters += 1
+            g = torch.Generator().manual_seed(self.seed)
+            for _ in range(epoch + 1):
+                torch.empty((), dtype=torch.int64).random_(generator=g)  # the DataLoader's base seed
+                order = get_length_grouped_indices(self.lengths, self.batch_size, generator=g)
+            return iter(order)
 
     return EpochLengthGroupedSampler()
 
