@@ -209,3 +209,21 @@ def test_main_process_writes_reraises_the_writers_error():
 
     with pytest.raises(OSError, match="disk full"):
         main_process_writes(fail)
+
+
+def test_sampler_reproduces_the_single_process_order_of_earlier_versions():
+    """Earlier versions used transformers' LengthGroupedSampler on the global RNG right after the
+    Trainer's ``set_seed(seed)``: per epoch the DataLoader drew one int64 base seed, then the sampler one
+    permutation. The own-generator sampler yields the same orders (so cached models stay reproducible)."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    lengths = [int(x) for x in torch.randint(3, 60, (200,))]
+    torch.manual_seed(7)
+    legacy = []
+    for _ in range(3):  # three epochs of the old single-process stream
+        torch.empty((), dtype=torch.int64).random_()
+        legacy.append(list(LengthGroupedSampler(8, lengths=lengths)))
+    s = length_grouped_sampler(lengths, 8, seed=7)
+    for epoch, order in enumerate(legacy):
+        s.set_epoch(epoch)
+        assert list(s) == order
