@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from ..world.data import padding_side
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
@@ -398,15 +399,6 @@ class KeepsightLMM:
                                  f"{type(v).__name__} ({str(v)[:80]!r})")
         return out
 
-    @contextlib.contextmanager
-    def _padding(self, side: str):
-        tok = self.tokenizer
-        old, tok.padding_side = tok.padding_side, side
-        try:
-            yield
-        finally:
-            tok.padding_side = old
-
     def encode(self, texts: list[str], images: list, side: str = "left"):
         """Processor batch on the model's device (floating tensors in the model dtype), padded on ``side``."""
         kwargs: dict = {"text": texts, "return_tensors": "pt", "padding": True}
@@ -415,7 +407,7 @@ class KeepsightLMM:
         bos = self.tokenizer.bos_token
         if bos and all(t.startswith(bos) for t in texts):
             kwargs["add_special_tokens"] = False  # the chat template wrote the bos already
-        with self._padding(side):
+        with padding_side(self.tokenizer, side):
             enc = self._processor(**kwargs)
         enc = enc.to(self._device)
         for k, v in list(enc.items()):

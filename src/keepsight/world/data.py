@@ -6,6 +6,7 @@ processor. Labels cover only the assistant's answer (and its end-of-sequence tok
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +57,17 @@ class WorldSamples:
 
 def user_message(prompt: str) -> list[dict]:
     return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+
+
+@contextmanager
+def padding_side(tokenizer, side: str):
+    """Pad on ``side`` ("left" for generation, "right" for training) inside the block."""
+    old = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        yield
+    finally:
+        tokenizer.padding_side = old
 
 
 def chat_example(processor, prompt: str, answer: str | None = None) -> str:
@@ -204,12 +216,9 @@ class VLMCollator:
         images = [b["image"] for b in batch]
         texts = [chat_example(proc, b["prompt"], b["answer"]) for b in batch]
         prompts = [chat_example(proc, b["prompt"]) for b in batch]
-        side, tok.padding_side = tok.padding_side, "right"
-        try:
+        with padding_side(tok, "right"):
             enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
             penc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
-        finally:
-            tok.padding_side = side
         starts = penc["attention_mask"].sum(1)  # [B] prompt tokens per row (right padding)
         ids = enc["input_ids"]  # [B, T]
         for b, n in enumerate(starts.tolist()):

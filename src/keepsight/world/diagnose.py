@@ -10,8 +10,8 @@ import torch
 
 from ..metrics import least_squares_slope
 from ..probes import LogitLens, VisualAttentionProbe
-from .data import WorldSamples, chat_example
-from .evaluate import _padding, description_budget
+from .data import WorldSamples, chat_example, padding_side
+from .evaluate import description_budget
 from .texts import DESCRIBE_PROMPT
 
 PROMPTS = {"blind-painter": DESCRIBE_PROMPT}
@@ -40,7 +40,7 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
     sums = None  # accumulated per step: omega [L], log-tvr [L], t, kl [L], agree [L], conv, count
     for i in range(0, len(samples), batch_size):
         texts = [chat_example(processor, PROMPTS[prompt])] * len(samples.images[i : i + batch_size])
-        with _padding(tok, "left"):
+        with padding_side(tok, "left"):
             enc = processor(text=texts, images=samples.images[i : i + batch_size], return_tensors="pt",
                             padding=True)
         with VisualAttentionProbe(model) as probe:

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import torch
 
 from ..metrics import accuracy_by_index, chair, distinct_n, rep_n, repetition_ratio, slope, yes_no_scores
-from .data import WorldSamples, chat_example
+from .data import WorldSamples, chat_example, padding_side
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 
 
@@ -21,21 +20,11 @@ def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | 
     return load_checkpoint(path, dtype=dtype, device=device)
 
 
-@contextmanager
-def _padding(tokenizer, side: str):
-    old = tokenizer.padding_side
-    tokenizer.padding_side = side
-    try:
-        yield
-    finally:
-        tokenizer.padding_side = old
-
-
 def _encoded_batches(model, processor, prompts: list[str], images: list, batch_size: int, side: str):
     """Chat-formatted, padded (on ``side``) processor batches on the model's device."""
     tok = processor.tokenizer
     device = next(model.parameters()).device
-    with _padding(tok, side):
+    with padding_side(tok, side):
         for i in range(0, len(prompts), batch_size):
             texts = [chat_example(processor, p) for p in prompts[i : i + batch_size]]
             yield processor(text=texts, images=images[i : i + batch_size], return_tensors="pt",

@@ -157,27 +157,15 @@ def _mrope_section(head_dim: int) -> list[int]:
 
 
 def qwen3vl_inputs(image_processor, tokenizer, prompts: list[str], images: list) -> dict:
-    """Model inputs for ``tiny-qwen3vl`` / ``tiny-qwen25vl`` (what ``Qwen3VLProcessor`` does; it needs torchvision
-    for its video half, which the CPU install here lacks). Each ``<image>`` in a prompt becomes
-    ``<vision_start> <image>*n <vision_end>`` with n = patches / merge**2; ``mm_token_type_ids`` marks
-    image tokens with 1."""
-    merge = 2
-    pix = image_processor(images=images, return_tensors="pt")
-    grid = pix["image_grid_thw"]  # [n_images, 3]
-    texts, k = [], 0
-    for prompt in prompts:
-        parts = prompt.split("<image>")
-        out = parts[0]
-        for rest in parts[1:]:
-            n = int(grid[k].prod()) // merge**2
-            out += "<vision_start>" + "<image>" * n + "<vision_end>" + rest
-            k += 1
-        texts.append(out)
-    if k != len(images):
-        raise ValueError(f"{k} <image> tokens in the prompts but {len(images)} images")
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    enc["mm_token_type_ids"] = (enc["input_ids"] == tokenizer.image_token_id).long()
-    return {**enc, "pixel_values": pix["pixel_values"], "image_grid_thw": grid}
+    """Model inputs for ``tiny-qwen3vl`` / ``tiny-qwen25vl`` from prompts with a bare ``<image>`` per image:
+    each becomes ``<vision_start> <image> <vision_end>`` (what Qwen's chat template writes), then
+    ``keepsight.checkpoint.QwenImageProcessor`` expands it to the patch count and adds
+    ``mm_token_type_ids`` (``Qwen3VLProcessor`` itself needs torchvision for its video half)."""
+    from ..checkpoint import QwenImageProcessor
+
+    texts = [p.replace("<image>", "<vision_start><image><vision_end>") for p in prompts]
+    processor = QwenImageProcessor(image_processor, tokenizer, "<image>")
+    return processor(text=texts, images=images, return_tensors="pt", padding=True)
 
 
 QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-VL templates write per image
