@@ -32,17 +32,11 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.rope import apply_rotary
 from .model import decoder_stack
 
 KINDS = ("visual", "mask", "generated", "prompt", "self")
 PROFILE_KINDS = ("visual", "mask")
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' rotate-half RoPE: ``x [B, H, T, D]``, ``cos/sin [B|1, T, D]``."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rot * sin[:, None]
 
 
 class RoPEAttentionProbe:
@@ -152,7 +146,7 @@ class RoPEAttentionProbe:
         D, P = attn.head_dim, self.gen_start
         q = attn.q_proj(hidden).view(B, T, -1, D).transpose(1, 2).float()  # [B, H, T, D]
         k = attn.k_proj(hidden).view(B, T, -1, D).transpose(1, 2).float()  # [B, Hkv, T, D]
-        q, k = _rotate(q, cos.float(), sin.float()), _rotate(k, cos.float(), sin.float())
+        q, k = apply_rotary(q, cos.float(), sin.float()), apply_rotary(k, cos.float(), sin.float())
         q = q[:, :, P:]  # [B, H, G, D]: generation slots only
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [B, H, T, D] (GQA)
         G = T - P
