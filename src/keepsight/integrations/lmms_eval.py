@@ -66,6 +66,7 @@ import torch
 
 from ..checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..world.data import padding_side
+from ..world.train import process_rank
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
@@ -247,8 +248,7 @@ class KeepsightLMM:
         self.seed = _as_int("seed", seed)
         self._check_method_arguments(steps, gen_length, block_length)
 
-        self._rank = int(os.environ.get("RANK", 0))
-        self._world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self._rank, self._world_size = process_rank()
         self.task_dict = getattr(self, "task_dict", None) or {}
         self._device = resolve_device(device)
         self._dtype = resolve_dtype(dtype, self._device)
