@@ -101,7 +101,7 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeyp
     from safetensors.torch import load_file
     from transformers import Trainer
 
-    import keepsight.world.train as wt
+    import keepsight.world.distributed as wd
 
     seen = []
     original = Trainer.training_step
@@ -124,7 +124,7 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeyp
     assert {t.dtype for t in adapter.values()} == {torch.float32}  # fp32 master weights under bf16 autocast
     assert main(argv[:-3] + ["fp16", "--device", "cpu"]) == 2
     assert "fp16 mixed precision needs a GPU" in capsys.readouterr().err
-    assert wt.trainer_placement()["bf16"] is False  # the options end with the command
+    assert wd.trainer_placement()["bf16"] is False  # the options end with the command
     if not torch.cuda.is_available():
         assert main(argv[:-1] + ["cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err

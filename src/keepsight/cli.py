@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "precision", None) is not None:  # a training command
-            from .world.train import is_main_process, launch_options
+            from .world.distributed import is_main_process, launch_options
 
             if not is_main_process():  # under `accelerate launch`, one process prints the summaries
                 sys.stdout = open(os.devnull, "w")  # noqa: SIM115

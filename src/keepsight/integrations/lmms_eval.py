@@ -66,7 +66,7 @@ import torch
 
 from ..checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..world.data import padding_side
-from ..world.train import process_rank
+from ..world.distributed import process_rank
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"

@@ -23,14 +23,8 @@ import torch
 
 from ..atomic import write_json
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
-from ..world.train import (
-    StageConfig,
-    atomic_save_dir,
-    batch_layout,
-    gather_state_dict,
-    main_process_writes,
-    run_trainer,
-)
+from ..world.distributed import batch_layout, gather_state_dict, main_process_writes
+from ..world.train import StageConfig, atomic_save_dir, run_trainer
 
 SUMMARY_FILE = "bridge_train.json"
 PHASE_TRAINABLE = {1: ("multi_modal_projector",), 2: ("multi_modal_projector", "language_model", "lm_head")}

@@ -22,14 +22,8 @@ from torch import nn
 
 from ..atomic import write_json
 from ..world.data import IGNORE_INDEX, VLMDataset, WorldSamples, chat_example
-from ..world.train import (
-    StageConfig,
-    atomic_save_dir,
-    batch_layout,
-    gather_state_dict,
-    main_process_writes,
-    run_trainer,
-)
+from ..world.distributed import batch_layout, gather_state_dict, main_process_writes
+from ..world.train import StageConfig, atomic_save_dir, run_trainer
 
 SUMMARY_FILE = "diffusion_train.json"
 

@@ -20,15 +20,9 @@ from ..atomic import write_json
 from ..probes.arch import arch_info
 from ..pvm import PVMBranch, PVMConfig
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
+from ..world.distributed import batch_layout, gather_state_dict, main_process_writes
 from ..world.evaluate import load_vlm
-from ..world.train import (
-    StageConfig,
-    atomic_save_dir,
-    batch_layout,
-    gather_state_dict,
-    main_process_writes,
-    run_trainer,
-)
+from ..world.train import StageConfig, atomic_save_dir, run_trainer
 
 SUMMARY_FILE = "lora_train.json"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -21,15 +21,11 @@ import numpy as np
 from ..pvm import load_pvm, pvm_report
 from ..pvm.io import CONFIG_FILE
 from ..world.data import VLMCollator, VLMDataset, WorldSamples, user_message
+from ..world.distributed import batch_layout, trainer_placement
 from ..world.evaluate import description_budget, load_vlm
 from ..world.rewards import answer_reward, format_reward
 from ..world.texts import DESCRIBE_PROMPT, cell_questions, description, open_questions, yes_no_questions
-from ..world.train import (
-    batch_layout,
-    last_complete_checkpoint,
-    stop_at,
-    trainer_placement,
-)
+from ..world.train import last_complete_checkpoint, stop_at
 from .pvm_sft import publish_adapter, pvm_optimizer
 
 SUMMARY_FILE = "pvm_grpo.json"

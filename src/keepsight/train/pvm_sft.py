@@ -19,8 +19,9 @@ from ..atomic import write_json
 from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
 from ..pvm.io import CONFIG_FILE
 from ..world.data import VLMCollator, VLMDataset, WorldSamples
+from ..world.distributed import batch_layout, main_process_writes, unshard_root
 from ..world.evaluate import load_vlm
-from ..world.train import StageConfig, batch_layout, main_process_writes, run_trainer, unshard_root
+from ..world.train import StageConfig, run_trainer
 
 SUMMARY_FILE = "pvm_train.json"
 
