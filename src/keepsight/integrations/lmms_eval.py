@@ -56,150 +56,22 @@ This module imports lmms-eval only inside ``manifest``, ``register``, ``main`` a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..world.data import padding_side
 from ..world.distributed import process_rank
+from .model_args import MPS_KEYS, MRS_KEYS, as_bool, as_choice, as_float, as_int, as_str, fix_settings
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = ("none", "pvm", "bridge", "diffusion")
 MPS_DEFAULTS = {"k": 3, "lam": 0.1}
 MRS_DEFAULTS = {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
-
-
-# ----------------------------------------------------------------------------- argument conversion
-# lmms-eval turns "true"/"false" into bools and numbers into int/float; called directly, values may be
-# any of those or the raw strings. Every converter names the argument in its error.
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
-def _as_int(name: str, value: Any, minimum: int | None = None) -> int:
-    out = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        out = value
-    elif isinstance(value, float) and value.is_integer():
-        out = int(value)
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            out = int(value.strip())
-    if out is None:
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
-
-
-def _as_float(name: str, value: Any, minimum: float | None = None) -> float:
-    out = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = float(value)
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            out = float(value.strip())
-    if out is None:
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
-
-
-def _as_str(name: str, value: Any) -> str:
-    if isinstance(value, (str, Path)) and str(value).strip():
-        return str(value).strip()
-    raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-
-
-def _as_choice(name: str, value: Any, choices) -> str:
-    v = str(value).strip().lower() if isinstance(value, str) else value
-    if v not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return v
-
-
-def _as_list(name: str, value: Any) -> list:
-    """A JSON list (``[-1,-2]``), a ``;``- or ``+``-separated string, a single value, or a list."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, str):
-        s = value.strip()
-        if s.startswith("["):
-            try:
-                out = json.loads(s)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{name}: {value!r} is not a JSON list ({e})") from None
-            if not isinstance(out, list):
-                raise ValueError(f"{name} must be a list, got {value!r}")
-            return out
-        return [p.strip() for p in s.replace("+", ";").split(";") if p.strip()]
-    return [value]
-
-
-def _int_list(name: str, value: Any) -> list[int]:
-    return [_as_int(name, v) for v in _as_list(name, value)]
-
-
-def _mps_layers(name: str, value: Any):
-    return "final" if isinstance(value, str) and value.strip().lower() == "final" else _int_list(name, value)
-
-
-def _mrs_segments(name: str, value: Any):
-    return "all" if isinstance(value, str) and value.strip().lower() == "all" else [str(v) for v in _as_list(name, value)]
-
-
-_MPS_KEYS = {"k": lambda n, v: _as_int(n, v, 1), "lam": _as_float, "layers": _mps_layers, "prior": _as_str,
-             "center": _as_bool, "cache_dir": _as_str, "n_prior_tokens": lambda n, v: _as_int(n, v, 1),
-             "seed": _as_int}
-_MRS_KEYS = {"beta": lambda n, v: _as_float(n, v, 0.0), "eta": _as_float, "tau0": _as_float, "schedule": _as_str,
-             "mode": _as_str, "segments": _mrs_segments}
-
-
-def _fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) -> dict | None:
-    """``mps`` / ``mrs``: None/false = off, true = defaults, a dict or JSON object = settings; ``flat``
-    (``mps_lam=...``) entries override and switch the fix on unless it was explicitly turned off."""
-    settings: dict | None
-    if value is None:
-        settings = dict(defaults) if flat else None
-    elif isinstance(value, dict):
-        settings = {**defaults, **value}
-    elif isinstance(value, str) and value.strip().startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name}: {value!r} is not a JSON object ({e})") from None
-        settings = {**defaults, **parsed}
-    else:
-        settings = dict(defaults) if _as_bool(name, value) else None
-        if settings is None and flat:
-            raise ValueError(f"{name}=false contradicts {sorted(f'{name}_{k}' for k in flat)}")
-    if settings is None:
-        return None
-    settings.update(flat)
-    unknown = sorted(set(settings) - set(keys))
-    if unknown:
-        raise ValueError(f"{name}: unknown setting(s) {unknown}; known: {sorted(keys)}")
-    return {k: keys[k](f"{name}.{k}", v) for k, v in settings.items()}
-
-
-# ----------------------------------------------------------------------------- checkpoint inspection
 
 
 # ----------------------------------------------------------------------------- the model
@@ -227,25 +99,25 @@ class KeepsightLMM:
                              "block_length, cfg_scale, remasking, seed, system_prompt, ll_output")
         if pretrained is None:
             raise ValueError("pretrained=<checkpoint directory> is required")
-        self.method = _as_choice("method", method, METHODS)
-        self.path = Path(_as_str("pretrained", pretrained)).expanduser()
+        self.method = as_choice("method", method, METHODS)
+        self.path = Path(as_str("pretrained", pretrained)).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
                                     "checkpoint directories only; download a hub model first)")
         self.batch_size_per_gpu = self._batch_size(batch_size)
-        self.max_new_tokens = _as_int("max_new_tokens", max_new_tokens, 1)
+        self.max_new_tokens = as_int("max_new_tokens", max_new_tokens, 1)
         self.system_prompt = None if system_prompt in (None, "") else str(system_prompt)
-        self.ll_output = _as_choice("ll_output", self.LL_OUTPUT if ll_output is None else ll_output,
+        self.ll_output = as_choice("ll_output", self.LL_OUTPUT if ll_output is None else ll_output,
                                     ("logprob", "nll"))
-        self.pvm_dir = None if pvm in (None, "") else Path(_as_str("pvm", pvm)).expanduser()
-        self.mps = _fix_settings("mps", mps, mps_flat, _MPS_KEYS, MPS_DEFAULTS)
-        self.mrs = _fix_settings("mrs", mrs, mrs_flat, _MRS_KEYS, MRS_DEFAULTS)
-        self.steps = None if steps is None else _as_int("steps", steps, 1)
-        self.gen_length = None if gen_length is None else _as_int("gen_length", gen_length, 1)
-        self.block_length = None if block_length is None else _as_int("block_length", block_length, 1)
-        self.cfg_scale = _as_float("cfg_scale", cfg_scale, 0.0)
-        self.remasking = _as_choice("remasking", remasking, ("low_confidence", "random"))
-        self.seed = _as_int("seed", seed)
+        self.pvm_dir = None if pvm in (None, "") else Path(as_str("pvm", pvm)).expanduser()
+        self.mps = fix_settings("mps", mps, mps_flat, MPS_KEYS, MPS_DEFAULTS)
+        self.mrs = fix_settings("mrs", mrs, mrs_flat, MRS_KEYS, MRS_DEFAULTS)
+        self.steps = None if steps is None else as_int("steps", steps, 1)
+        self.gen_length = None if gen_length is None else as_int("gen_length", gen_length, 1)
+        self.block_length = None if block_length is None else as_int("block_length", block_length, 1)
+        self.cfg_scale = as_float("cfg_scale", cfg_scale, 0.0)
+        self.remasking = as_choice("remasking", remasking, ("low_confidence", "random"))
+        self.seed = as_int("seed", seed)
         self._check_method_arguments(steps, gen_length, block_length)
 
         self._rank, self._world_size = process_rank()
@@ -272,7 +144,7 @@ class KeepsightLMM:
     def _batch_size(value) -> int:
         if isinstance(value, str) and value.strip().lower().startswith("auto"):
             raise ValueError(f"batch_size={value!r}: automatic batch sizing is not supported; give an integer")
-        return _as_int("batch_size", value, 1)
+        return as_int("batch_size", value, 1)
 
     def _check_method_arguments(self, steps, gen_length, block_length) -> None:
         if self.pvm_dir is not None and self.method != "pvm":
@@ -465,18 +337,18 @@ class KeepsightLMM:
         elif not isinstance(until, (list, tuple)) or not all(isinstance(u, str) for u in until):
             raise ValueError(f"gen_kwargs until must be a string or a list of strings, got {until!r}")
         temperature = gk.get("temperature")
-        temperature = None if temperature is None else _as_float("temperature", temperature, 0.0)
-        do_sample = _as_bool("do_sample", gk.get("do_sample", False))
+        temperature = None if temperature is None else as_float("temperature", temperature, 0.0)
+        do_sample = as_bool("do_sample", gk.get("do_sample", False))
         if temperature is not None:
             do_sample = temperature > 0
         s = {"until": [u for u in until if u], "do_sample": do_sample,
-             "max_new_tokens": _as_int("max_new_tokens", gk.get("max_new_tokens") or self.max_new_tokens, 1),
+             "max_new_tokens": as_int("max_new_tokens", gk.get("max_new_tokens") or self.max_new_tokens, 1),
              "temperature": temperature if temperature is not None else (1.0 if do_sample else 0.0),
-             "num_beams": _as_int("num_beams", gk.get("num_beams") or 1, 1)}
+             "num_beams": as_int("num_beams", gk.get("num_beams") or 1, 1)}
         if gk.get("top_p") is not None:
-            s["top_p"] = _as_float("top_p", gk["top_p"], 0.0)
+            s["top_p"] = as_float("top_p", gk["top_p"], 0.0)
         if gk.get("top_k") is not None:
-            s["top_k"] = _as_int("top_k", gk["top_k"], 0)
+            s["top_k"] = as_int("top_k", gk["top_k"], 0)
         return s
 
     @staticmethod

@@ -1,0 +1,132 @@
+"""Model arguments of keepsight's lmms-eval model, converted with errors that name the argument.
+
+lmms-eval turns "true"/"false" into bools and numbers into int/float; called directly, values may be any
+of those or the raw strings. ``fix_settings`` reads MPS / MRS settings given as ``true``, a JSON object or
+flat ``mps_k=3`` style arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+
+def as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def as_int(name: str, value: Any, minimum: int | None = None) -> int:
+    out = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = value
+    elif isinstance(value, float) and value.is_integer():
+        out = int(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            out = int(value.strip())
+    if out is None:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def as_float(name: str, value: Any, minimum: float | None = None) -> float:
+    out = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = float(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            out = float(value.strip())
+    if out is None:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def as_str(name: str, value: Any) -> str:
+    if isinstance(value, (str, Path)) and str(value).strip():
+        return str(value).strip()
+    raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def as_choice(name: str, value: Any, choices) -> str:
+    v = str(value).strip().lower() if isinstance(value, str) else value
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return v
+
+
+def as_list(name: str, value: Any) -> list:
+    """A JSON list (``[-1,-2]``), a ``;``- or ``+``-separated string, a single value, or a list."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        s = value.strip()
+        if s.startswith("["):
+            try:
+                out = json.loads(s)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name}: {value!r} is not a JSON list ({e})") from None
+            if not isinstance(out, list):
+                raise ValueError(f"{name} must be a list, got {value!r}")
+            return out
+        return [p.strip() for p in s.replace("+", ";").split(";") if p.strip()]
+    return [value]
+
+
+def int_list(name: str, value: Any) -> list[int]:
+    return [as_int(name, v) for v in as_list(name, value)]
+
+
+def _mps_layers(name: str, value: Any):
+    return "final" if isinstance(value, str) and value.strip().lower() == "final" else int_list(name, value)
+
+
+def _mrs_segments(name: str, value: Any):
+    return "all" if isinstance(value, str) and value.strip().lower() == "all" else [str(v) for v in as_list(name, value)]
+
+
+MPS_KEYS = {"k": lambda n, v: as_int(n, v, 1), "lam": as_float, "layers": _mps_layers, "prior": as_str,
+             "center": as_bool, "cache_dir": as_str, "n_prior_tokens": lambda n, v: as_int(n, v, 1),
+             "seed": as_int}
+MRS_KEYS = {"beta": lambda n, v: as_float(n, v, 0.0), "eta": as_float, "tau0": as_float, "schedule": as_str,
+             "mode": as_str, "segments": _mrs_segments}
+
+
+def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) -> dict | None:
+    """``mps`` / ``mrs``: None/false = off, true = defaults, a dict or JSON object = settings; ``flat``
+    (``mps_lam=...``) entries override and switch the fix on unless it was explicitly turned off."""
+    settings: dict | None
+    if value is None:
+        settings = dict(defaults) if flat else None
+    elif isinstance(value, dict):
+        settings = {**defaults, **value}
+    elif isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}: {value!r} is not a JSON object ({e})") from None
+        settings = {**defaults, **parsed}
+    else:
+        settings = dict(defaults) if as_bool(name, value) else None
+        if settings is None and flat:
+            raise ValueError(f"{name}=false contradicts {sorted(f'{name}_{k}' for k in flat)}")
+    if settings is None:
+        return None
+    settings.update(flat)
+    unknown = sorted(set(settings) - set(keys))
+    if unknown:
+        raise ValueError(f"{name}: unknown setting(s) {unknown}; known: {sorted(keys)}")
+    return {k: keys[k](f"{name}.{k}", v) for k, v in settings.items()}
