@@ -23,9 +23,6 @@ def _overhead(res: dict) -> list[list]:
             for t in res["config"]["steps_grid"]]
 
 
-MASS_KINDS = ("visual", "mask", "generated", "prompt", "self")
-
-
 def plot_attention(att: dict, path: Path) -> Path:
     """Attention per visual / mask key vs distance, and the lowest band's logit share, per MRS setting."""
     per_key = {f"{name}: {kind}": (r["profile"][kind]["bins"], r["profile"][kind]["attention"],
@@ -45,14 +42,17 @@ def _attention_rows(att: dict) -> list[list]:
     rows = []
     for name, r in att.items():
         share = {k: r["profile"][k]["band_share_all"] for k in ("visual", "mask") if k in r["profile"]}
-        rows.append([name] + [r["mass"][k] for k in MASS_KINDS]
+        rows.append([name] + list(r["mass"].values())
                     + [share.get("visual", [None])[0], share.get("visual", [None])[-1],
                        share.get("mask", [None])[0], share.get("mask", [None])[-1], r["object_recall"], r["chair_i"]])
     return rows
 
 
-ATT_HEADER = ["setting"] + [f"mass -> {k}" for k in MASS_KINDS] + [
-    "vis: high band", "vis: low band", "mask: high band", "mask: low band", "object recall", "CHAIRi"]
+def _attention_header(att: dict) -> list[str]:
+    """Matches ``_attention_rows``: the key kinds come from the probe's results."""
+    kinds = next(iter(att.values()))["mass"]
+    return ["setting"] + [f"mass -> {k}" for k in kinds] + [
+        "vis: high band", "vis: low band", "mask: high band", "mask: low band", "object recall", "CHAIRi"]
 
 
 def _profile_rows(att: dict, kind: str) -> tuple[list[list], list[str]]:
@@ -83,7 +83,7 @@ def _attention_sections(res: dict, plot: Path | None) -> list[tuple[str, str]]:
              "The paper: Gen->Mask is dominated by high frequencies, Gen->Vis relies more on low frequencies as "
              "distance grows, attention still decays with distance, and MRS moves attention from nearby mask "
              "slots to distant visual tokens.</p>")
-    out = intro + table(ATT_HEADER, _attention_rows(att))
+    out = intro + table(_attention_header(att), _attention_rows(att))
     if plot is not None:
         out += img_tag(plot.read_bytes(), "attention vs distance")
     sections = [("Diffusion: attention by key kind and RoPE band, with and without MRS", out)]
@@ -129,8 +129,9 @@ def diffusion_markdown(res: dict) -> str:
     lines.append(f"Mask-token prior top-10: {' '.join(res['mask_prior_top10'])}.")
     att = res.get("attention")
     if att:
+        header = _attention_header(att)
         lines += ["", f"Attention of generation slots (T = {res['config']['sweep_steps']}; mass per key kind, and "
                       "the highest / lowest RoPE band's share of |logit| for visual and mask keys):", "",
-                  "| " + " | ".join(ATT_HEADER) + " |", "| " + " | ".join("---" for _ in ATT_HEADER) + " |"]
+                  "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
         lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _attention_rows(att)]
     return "\n".join(lines)
