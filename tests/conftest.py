@@ -28,13 +28,13 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def lm(processor):
-    from keepsight.diffusion import build_llada_lm
+    from keepsight.world.models import build_llada_lm
 
     return build_llada_lm(processor.tokenizer)
 
 
 @pytest.fixture(scope="module")
 def vlm(processor):
-    from keepsight.diffusion import build_llada_v
+    from keepsight.world.models import build_llada_v
 
     return build_llada_v(processor)

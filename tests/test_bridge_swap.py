@@ -2,11 +2,12 @@ import pytest
 import torch
 
 from keepsight.bridge.swap import LlavaBridgeForConditionalGeneration, replace_projector
+from keepsight.data import chat_example
 from keepsight.world import generate, world_config
-from keepsight.world.data import WorldSamples, chat_example
-from keepsight.world.evaluate import load_vlm
 from keepsight.world.models import build_model
+from keepsight.world.tasks import WorldSamples
 from keepsight.world.texts import DESCRIBE_PROMPT
+from tiny_checkpoints import load_vlm
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +68,24 @@ def test_pvm_attaches_to_a_bridged_model(processor, samples):
 
 def test_bridge_phases(processor, samples, tmp_path):
     from keepsight.train.bridge import BridgeTrainConfig, train_bridge
-    from keepsight.world.train import StageConfig
+    from keepsight.world.tasks import caption_data, instruct_data
 
     base = build_model("tiny-llava", processor.tokenizer)
     base.save_pretrained(tmp_path / "base")
     processor.save_pretrained(tmp_path / "base")
-    p1 = train_bridge(tmp_path / "base", samples, tmp_path / "p1",
-                      BridgeTrainConfig(phase=1, stage=StageConfig(3, 1e-2, 4), bridge="lia_mtr"), progress=False)
+    p1 = train_bridge(tmp_path / "base", caption_data(samples, 2), tmp_path / "p1",
+                      BridgeTrainConfig(phase=1, steps=3, lr=1e-2, batch_size=4, bridge="lia_mtr"), progress=False)
     assert p1["bridge"]["kind"] == "lia_mtr" and p1["bridge_parameters"] > 0
     m1, _ = load_vlm(tmp_path / "p1")
     after = dict(m1.named_parameters())
     for n, p in base.named_parameters():
         if "multi_modal_projector" not in n:
             assert torch.equal(p, after[n]), f"phase 1 changed {n}"
-    train_bridge(tmp_path / "p1", samples, tmp_path / "p2", BridgeTrainConfig(phase=2, stage=StageConfig(2, 1e-2, 4)),
-                 progress=False)
+    train_bridge(tmp_path / "p1", instruct_data(samples, 2), tmp_path / "p2",
+                 BridgeTrainConfig(phase=2, steps=2, lr=1e-2, batch_size=4), progress=False)
     m2, _ = load_vlm(tmp_path / "p2")
     changed = {n for (n, p), (_, q) in zip(m1.named_parameters(), m2.named_parameters()) if not torch.equal(p, q)}
     assert any("language_model" in n for n in changed) and not any("vision_tower" in n for n in changed)
     with pytest.raises(ValueError, match="has no bridge"):
-        train_bridge(tmp_path / "base", samples, tmp_path / "bad", BridgeTrainConfig(phase=2), progress=False)
+        train_bridge(tmp_path / "base", instruct_data(samples, 2), tmp_path / "bad", BridgeTrainConfig(phase=2),
+                     progress=False)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from keepsight.checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
-from keepsight.world.data import chat_example
-from keepsight.world.models import save_tiny_checkpoint
+from keepsight.data import chat_example
+from keepsight.models import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from tiny_checkpoints import save_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

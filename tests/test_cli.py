@@ -101,7 +101,7 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeyp
     from safetensors.torch import load_file
     from transformers import Trainer
 
-    import keepsight.world.distributed as wd
+    import keepsight.train.distributed as wd
 
     seen = []
     original = Trainer.training_step

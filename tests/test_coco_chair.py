@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from keepsight.commands.eval_chair import add_parser, run
+from keepsight.commands.eval import add_parser, run
 from keepsight.metrics.coco_chair import (
     COCO_SYNONYMS,
     SYNONYM_TO_OBJECT,

@@ -83,8 +83,8 @@ def test_fsdp_wraps_the_layers_of_every_trained_model(fsdp_plugin, processor, mo
     from transformers import CLIPVisionModel, Qwen3ForCausalLM
 
     from keepsight.pvm import PVMConfig, attach_pvm
-    from keepsight.world import distributed as wd
-    from keepsight.world import train as wt
+    from keepsight.train import distributed as wd
+    from keepsight.world import base as wt
     from keepsight.world.config import world_config
     from keepsight.world.models import build_model, get_preset, text_config, vision_config
 
@@ -99,9 +99,9 @@ def test_fsdp_wraps_the_layers_of_every_trained_model(fsdp_plugin, processor, mo
     }
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setattr(wd, "_LAUNCHER_FSDP_WRAP", None)  # the config names no classes
-    monkeypatch.setenv(wd.FSDP_WRAP_ENV, "")  # restored after the test (_set_fsdp_wrap writes os.environ)
+    monkeypatch.setenv(wd.FSDP_WRAP_ENV, "")  # restored after the test (set_fsdp_wrap writes os.environ)
     for name, (model, layer_classes) in models.items():
-        wd._set_fsdp_wrap(model)  # what run_trainer does before the Trainer builds its Accelerator
+        wd.set_fsdp_wrap(model)  # what run_trainer does before the Trainer builds its Accelerator
         classes = os.environ[wd.FSDP_WRAP_ENV].split(",")
         assert layer_classes <= set(classes), (name, classes)
         fsdp_plugin.transformer_cls_names_to_wrap = classes  # as the plugin reads them from the environment

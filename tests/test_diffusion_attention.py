@@ -5,9 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from keepsight.diffusion import MonotonicRoPEScaling, RoPEAttentionProbe, decoder_stack, generate
+from keepsight.data import chat_example
+from keepsight.diffusion import MonotonicRoPEScaling, generate
+from keepsight.models import decoder_stack
 from keepsight.ops.rope import apply_rotary, pair_contributions
-from keepsight.world.data import chat_example
+from keepsight.probes import RoPEAttentionProbe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

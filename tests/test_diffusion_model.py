@@ -8,14 +8,14 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from keepsight.diffusion import (
+from keepsight.data import chat_example
+from keepsight.models import (
     LladaConfig,
     LladaForMaskedDiffusion,
     LladaModel,
     load_llada_v,
     map_checkpoint_keys,
 )
-from keepsight.world.data import chat_example
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

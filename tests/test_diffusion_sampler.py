@@ -4,16 +4,15 @@ import pytest
 import torch
 from PIL import Image
 
+from keepsight.data import chat_example
 from keepsight.diffusion import (
-    LladaConfig,
-    LladaForMaskedDiffusion,
-    build_llada_v,
     generate,
     guided_logits,
     resolve_mask_token_id,
     transfer_schedule,
 )
-from keepsight.world.data import chat_example
+from keepsight.models import LladaConfig, LladaForMaskedDiffusion
+from keepsight.world.models import build_llada_v
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

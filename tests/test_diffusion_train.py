@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from keepsight.data import IGNORE_INDEX
 from keepsight.train.diffusion import (
     DiffusionCollator,
     DiffusionTrainConfig,
@@ -10,7 +11,7 @@ from keepsight.train.diffusion import (
     train_diffusion,
 )
 from keepsight.world import generate, world_config
-from keepsight.world.data import IGNORE_INDEX, VLMDataset, WorldSamples
+from keepsight.world.tasks import VLMDataset, WorldSamples
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,8 @@ def base_dir(tmp_path_factory):
     """The parts of a world base the diffusion VLM needs: train_config.json and a finished vision stage."""
     from transformers import CLIPVisionModel
 
+    from keepsight.world.base import DONE_FILE, TrainConfig
     from keepsight.world.models import get_preset, vision_config
-    from keepsight.world.train import DONE_FILE, TrainConfig
 
     d = tmp_path_factory.mktemp("base")
     (d / "train_config.json").write_text(json.dumps(TrainConfig().to_dict()))
@@ -50,7 +51,7 @@ def test_collator_fills_the_window_with_eos_and_labels_only_answers(processor, s
 
 
 def test_objective_is_the_weighted_masked_cross_entropy(processor, samples):
-    from keepsight.diffusion import build_llada_v
+    from keepsight.world.models import build_llada_v
 
     model = build_llada_v(processor)
     obj = MaskedDiffusionObjective(model, processor.tokenizer.mask_token_id, eps=1e-3)
@@ -75,15 +76,18 @@ def test_objective_is_the_weighted_masked_cross_entropy(processor, samples):
 
 def test_train_diffusion_writes_a_loadable_model_and_resumes(base_dir, samples, tmp_path):
     import keepsight.diffusion  # noqa: F401
-    from keepsight.world.evaluate import load_vlm
+    from keepsight.world.base import llada_v_init
+    from tiny_checkpoints import load_vlm
 
     cfg = DiffusionTrainConfig(steps=2, batch_size=4, answer_length=16, save_every=1)
-    assert train_diffusion(base_dir, samples, tmp_path / "m", cfg, stop_after=1, progress=False) is None
-    summary = train_diffusion(base_dir, samples, tmp_path / "m", cfg, progress=False)
+    data = VLMDataset(samples, ("describe",), cfg.seed)
+    init = lambda: llada_v_init(base_dir, cfg.seed)  # noqa: E731
+    assert train_diffusion(init, data, tmp_path / "m", cfg, stop_after=1, progress=False) is None
+    summary = train_diffusion(init, data, tmp_path / "m", cfg, progress=False)
     assert summary["last_loss"] is not None and not (tmp_path / "m" / "checkpoints").exists()
     model, _ = load_vlm(tmp_path / "m")
     assert type(model.model.language_model).__name__ == "LladaModel"
     with pytest.raises(FileNotFoundError, match="no finished vision stage"):
-        train_diffusion(tmp_path, samples, tmp_path / "x", cfg, progress=False)
+        train_diffusion(lambda: llada_v_init(tmp_path, cfg.seed), data, tmp_path / "x", cfg, progress=False)
     with pytest.raises(ValueError, match="eps must be in"):
         DiffusionTrainConfig(eps=0.0)

@@ -2,7 +2,7 @@
 
 Every training command takes ``--batch-size`` as the *global* batch of one optimizer step; under
 ``accelerate launch`` it is split into ``batch / (processes x --grad-accum)`` per device
-(``keepsight.world.distributed.batch_layout``). What makes the runs comparable:
+(``keepsight.train.distributed.batch_layout``). What makes the runs comparable:
 
 - data order: the length-grouped sampler (``length_grouped_sampler``) draws its permutation from
   (data seed, epoch) only and groups by the global batch, so every process holds the same index list;
@@ -31,7 +31,7 @@ import sys
 import pytest
 import torch
 
-from keepsight.world.distributed import batch_layout, length_grouped_sampler
+from keepsight.train.distributed import batch_layout, length_grouped_sampler
 
 STEPS, GLOBAL_BATCH = 5, 4
 
@@ -198,7 +198,7 @@ def test_ddp_with_gradient_accumulation_matches(tiny_base, tmp_path):
 
 
 def test_main_process_writes_reraises_the_writers_error():
-    from keepsight.world.distributed import main_process_writes
+    from keepsight.train.distributed import main_process_writes
 
     done = []
     main_process_writes(done.append, 1)

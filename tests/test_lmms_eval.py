@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from keepsight.data import chat_example
 from keepsight.integrations.lmms_eval import KeepsightLMM
 from keepsight.world import generate, render, world_config
-from keepsight.world.data import chat_example
 from keepsight.world.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

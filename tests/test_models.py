@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from keepsight.data import chat_example
 from keepsight.world import description, generate, render, world_config
-from keepsight.world.data import chat_example
 from keepsight.world.models import PRESETS, build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
 from keepsight.world.texts import (

@@ -6,15 +6,16 @@ import pytest
 import torch
 from PIL import Image
 
+from keepsight.data import chat_example
 from keepsight.diffusion import (
     MaskPriorSuppression,
     MonotonicRoPEScaling,
     RoPEBaseline,
-    decoder_stack,
     lone_mask_top_tokens,
     prior_cosine,
 )
 from keepsight.diffusion.mps import real_vocab_ids
+from keepsight.models import decoder_stack
 from keepsight.ops.rope import (
     SCHEDULES,
     apply_rotary,
@@ -26,7 +27,6 @@ from keepsight.ops.rope import (
     scale_rotary,
     schedule,
 )
-from keepsight.world.data import chat_example
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -261,7 +261,7 @@ def _tokenizer_without_mask():
 
 
 def test_mps_bad_arguments(lm, processor):
-    from keepsight.diffusion import LladaConfig, LladaForMaskedDiffusion
+    from keepsight.models import LladaConfig, LladaForMaskedDiffusion
 
     with pytest.raises(ValueError, match="k = 129 exceeds the model width d = 128"):
         MaskPriorSuppression(k=129).fit(lm, processor.tokenizer)

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from keepsight.probes import LogitLens, VisualAttentionProbe, check_layers
+from keepsight.data import chat_example
+from keepsight.models import check_layers
+from keepsight.probes import LogitLens, VisualAttentionProbe
 from keepsight.world import generate, render, world_config
-from keepsight.world.data import chat_example
 from keepsight.world.models import build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.texts import DESCRIBE_PROMPT
 

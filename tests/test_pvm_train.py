@@ -5,8 +5,8 @@ from safetensors.torch import load_file
 from keepsight.pvm import PVMConfig
 from keepsight.train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from keepsight.world import generate, world_config
-from keepsight.world.data import WorldSamples
 from keepsight.world.models import build_model
+from keepsight.world.tasks import WorldSamples, instruct_data
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,8 @@ def samples():
 
 def test_sft_trains_only_the_adapter_and_moves_the_gate(base_dir, samples, processor, tmp_path):
     cfg = PVMTrainConfig(steps=8, lr=1e-2, gate_lr=5e-2, batch_size=4, save_every=4)
-    summary = train_pvm_sft(base_dir, samples, tmp_path / "a", PVMConfig(layers=[1, 2]), cfg, progress=False)
+    summary = train_pvm_sft(base_dir, instruct_data(samples), tmp_path / "a", PVMConfig(layers=[1, 2]), cfg,
+                            progress=False)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["pvm.safetensors", "pvm_config.json",
                                                                     "pvm_train.json"]
     weights = load_file(str(tmp_path / "a" / "pvm.safetensors"))
@@ -46,9 +47,10 @@ def test_sft_trains_only_the_adapter_and_moves_the_gate(base_dir, samples, proce
 def test_sft_resume_continues_the_same_run(base_dir, samples, tmp_path):
     cfg = PVMTrainConfig(steps=6, lr=1e-2, gate_lr=5e-2, batch_size=4, save_every=3)
     pvm = PVMConfig(layers=[2])
-    train_pvm_sft(base_dir, samples, tmp_path / "full", pvm, cfg, progress=False)
-    assert train_pvm_sft(base_dir, samples, tmp_path / "split", pvm, cfg, stop_after=3, progress=False) is None
-    train_pvm_sft(base_dir, samples, tmp_path / "split", pvm, cfg, progress=False)
+    data = instruct_data(samples)
+    train_pvm_sft(base_dir, data, tmp_path / "full", pvm, cfg, progress=False)
+    assert train_pvm_sft(base_dir, data, tmp_path / "split", pvm, cfg, stop_after=3, progress=False) is None
+    train_pvm_sft(base_dir, data, tmp_path / "split", pvm, cfg, progress=False)
     a = load_file(str(tmp_path / "full" / "pvm.safetensors"))
     b = load_file(str(tmp_path / "split" / "pvm.safetensors"))
     for k in a:
@@ -76,7 +78,7 @@ def _varied_reward(completions, **_):
 @pytest.fixture(scope="module")
 def stage1_dir(base_dir, tmp_path_factory):
     from keepsight.pvm import attach_pvm, save_pvm
-    from keepsight.world.evaluate import load_vlm
+    from tiny_checkpoints import load_vlm
 
     d = tmp_path_factory.mktemp("stage1")
     model, _ = load_vlm(base_dir)
@@ -92,12 +94,15 @@ def stage1_dir(base_dir, tmp_path_factory):
 def test_grpo_reference_carries_stage1_pvm_and_only_pvm_trains(base_dir, stage1_dir, samples, monkeypatch,
                                                                   tmp_path):
     import keepsight.train.pvm_grpo as g
-    from keepsight.world.evaluate import load_vlm
+    from keepsight.world import rewards
+    from keepsight.world.grpo import world_grpo_data
+    from tiny_checkpoints import load_vlm
 
-    monkeypatch.setattr(g, "answer_reward", _varied_reward)
+    monkeypatch.setattr(rewards, "answer_reward", _varied_reward)
     cfg = g.GRPOTrainConfig(steps=2, lr=1e-2, gate_lr=1e-1, num_generations=2, prompts_per_step=2,
-                            max_completion_length=6, tasks=["describe", "open"], save_every=100)
-    trainer = g.build_grpo_trainer(base_dir, stage1_dir, samples, tmp_path / "g", cfg, progress=False)
+                            max_completion_length=6, save_every=100)
+    data = world_grpo_data(samples, ["describe", "open"])
+    trainer = g.build_grpo_trainer(base_dir, stage1_dir, data, tmp_path / "g", cfg, progress=False)
     stage1 = load_file(str(stage1_dir / "pvm.safetensors"))
     ref = trainer.accelerator.unwrap_model(trainer.ref_model)
     assert ref._keepsight_pvm is not None
@@ -116,14 +121,17 @@ def test_grpo_reference_carries_stage1_pvm_and_only_pvm_trains(base_dir, stage1_
 
 def test_grpo_writes_the_adapter_and_resumes(base_dir, stage1_dir, samples, monkeypatch, tmp_path):
     import keepsight.train.pvm_grpo as g
+    from keepsight.world import rewards
+    from keepsight.world.grpo import world_grpo_data
 
-    monkeypatch.setattr(g, "answer_reward", _varied_reward)
+    monkeypatch.setattr(rewards, "answer_reward", _varied_reward)
     cfg = g.GRPOTrainConfig(steps=2, num_generations=2, prompts_per_step=2, max_completion_length=6, save_every=1,
                             beta=0.0)
-    assert g.train_pvm_grpo(base_dir, stage1_dir, samples, tmp_path / "g", cfg, stop_after=1,
+    data = world_grpo_data(samples)
+    assert g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "g", cfg, stop_after=1,
                             progress=False) is None
     assert (tmp_path / "g" / "checkpoints" / "checkpoint-1").is_dir()
-    summary = g.train_pvm_grpo(base_dir, stage1_dir, samples, tmp_path / "g", cfg, progress=False)
+    summary = g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "g", cfg, progress=False)
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["pvm.safetensors", "pvm_config.json",
                                                                     "pvm_grpo.json"]
     assert summary["rewards"] and summary["init"] == str(stage1_dir)
@@ -131,7 +139,7 @@ def test_grpo_writes_the_adapter_and_resumes(base_dir, stage1_dir, samples, monk
 
 
 def test_grpo_dataset_columns(samples):
-    from keepsight.train.pvm_grpo import grpo_dataset
+    from keepsight.world.grpo import grpo_dataset
 
     ds = grpo_dataset(samples, ["describe", "open", "yes_no", "cell"])
     assert len(ds) == 4 * len(samples)
@@ -142,11 +150,12 @@ def test_grpo_dataset_columns(samples):
 
 def test_grpo_config_errors():
     from keepsight.train.pvm_grpo import GRPOTrainConfig
+    from keepsight.world.grpo import world_grpo_data
 
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
         GRPOTrainConfig(num_generations=1)
     with pytest.raises(ValueError, match="unknown"):
-        GRPOTrainConfig(tasks=["poetry"])
+        world_grpo_data(None, tasks=["poetry"])
 
 
 # ----------------------------------------------------------------------------- LoRA control
@@ -159,11 +168,11 @@ def test_lora_control_matches_pvm_size_and_merges(base_dir, samples, processor, 
         pvm_parameter_count,
         train_lora_control,
     )
-    from keepsight.world.evaluate import load_vlm
+    from tiny_checkpoints import load_vlm
 
     pvm = PVMConfig(layers=[1, 2])
     cfg = LoRATrainConfig(steps=3, batch_size=4)
-    summary = train_lora_control(base_dir, samples, tmp_path / "l", pvm, cfg, progress=False)
+    summary = train_lora_control(base_dir, instruct_data(samples), tmp_path / "l", pvm, cfg, progress=False)
     base, _ = load_vlm(base_dir)
     n_pvm = pvm_parameter_count(base, pvm)
     assert summary["pvm_parameters"] == n_pvm

@@ -3,16 +3,26 @@ import json
 import pytest
 import torch
 
+from keepsight.data import IGNORE_INDEX, VLMCollator
+from keepsight.train.trainer import last_complete_checkpoint
 from keepsight.world import generate, world_config
-from keepsight.world.data import VLMCollator, VLMDataset, WorldSamples, answer_labels
-from keepsight.world.train import (
-    STAGES,
-    StageConfig,
-    TrainConfig,
-    last_complete_checkpoint,
-    train_base,
-    train_stage,
-)
+from keepsight.world.base import STAGES, StageConfig, TrainConfig, train_base, train_stage
+from keepsight.world.tasks import VLMDataset, WorldSamples
+
+
+def answer_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor, tokenizer) -> torch.Tensor:
+    """The world template's labels found by its marker: the ids after the last "assistant :"; IGNORE_INDEX
+    elsewhere (an independent check of the collator's prompt-prefix labels)."""
+    marker = tokenizer.convert_tokens_to_ids("assistant")
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    for b in range(input_ids.shape[0]):
+        pos = (input_ids[b] == marker).nonzero()
+        if len(pos) == 0:
+            raise ValueError(f"row {b} has no assistant turn; cannot build labels")
+        start = int(pos[-1]) + 2  # skip "assistant" and ":"
+        labels[b, start:] = input_ids[b, start:]
+    labels[attention_mask == 0] = IGNORE_INDEX
+    return labels
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +87,7 @@ def test_incomplete_checkpoint_is_skipped(tmp_path):
 
 
 def test_staged_build_trains_and_loads(samples, processor, tmp_path):
-    from keepsight.world.evaluate import load_vlm
+    from tiny_checkpoints import load_vlm
 
     tc = tiny_train_config(instruct=StageConfig(100, 3e-3, 8))
     with pytest.raises(RuntimeError, match="needs stage 'lm' first"):

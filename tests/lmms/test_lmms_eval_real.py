@@ -89,10 +89,9 @@ def assets(tmp_path_factory):
     tasks read a saved DatasetDict of world images and yes/no questions."""
     import datasets
 
-    from keepsight.diffusion import build_llada_v
     from keepsight.pvm import PVMConfig, attach_pvm, save_pvm
     from keepsight.world import generate, render, world_config, yes_no_questions
-    from keepsight.world.models import build_model
+    from keepsight.world.models import build_llada_v, build_model
     from keepsight.world.processor import build_processor
 
     root = tmp_path_factory.mktemp("lmms")

@@ -8,9 +8,9 @@ import pytest
 if importlib.util.find_spec("torchvision") is None:  # never a silent skip: this directory needs it
     raise ImportError("tests/lmms needs torchvision; run `make test-lmms` (it builds .venv-lmms)")
 
-from keepsight.checkpoint import load_checkpoint
 from keepsight.cli import main
-from keepsight.world.models import save_tiny_checkpoint
+from keepsight.models import load_checkpoint
+from tiny_checkpoints import save_tiny_checkpoint
 
 pytestmark = pytest.mark.lmms
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..bridge import build_bridge
 from . import write_result
 
 KINDS = ("lia_mtr", "mlp", "attention", "attention_sdpa")
@@ -30,8 +31,6 @@ def _rss_bytes() -> int:
 
 
 def _child(kind: str, n: int, width: int, repeats: int) -> dict:
-    from ..bridge import build_bridge
-
     torch.manual_seed(0)
     bridge = build_bridge(kind, d_vision=width, d_model=width).eval()
     with torch.inference_mode():  # warm-up on a short input (allocator, kernels)

@@ -9,20 +9,19 @@ from pathlib import Path
 
 import torch
 
+from ..data import chat_example
+from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, generate
+from ..world import generate as world_scenes
+from ..world import render, world_config
+from ..world.models import PRESETS, build_llada_v
+from ..world.processor import build_processor
+from ..world.texts import DESCRIBE_PROMPT
 from . import best_time, write_result
 
 
 @torch.inference_mode()
 def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int = 8, gen_length: int = 64,
         repeats: int = 3) -> dict:
-    from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, build_llada_v, generate
-    from ..world import generate as world_scenes
-    from ..world import render, world_config
-    from ..world.data import chat_example
-    from ..world.models import PRESETS
-    from ..world.processor import build_processor
-    from ..world.texts import DESCRIBE_PROMPT
-
     processor = build_processor()
     preset = replace(PRESETS["tiny-llava"], text_hidden=512, text_layers=8, text_heads=8, text_kv_heads=4,
                      text_intermediate=1536)
@@ -30,8 +29,8 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
     cfg = world_config()
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
     enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
-    mps = MaskPriorSuppression(k=3, lam=0.1).fit(model, processor.tokenizer)
-    mrs = MonotonicRoPEScaling(beta=0.01, eta=8.0, tau0=0.6)
+    mps = MaskPriorSuppression().fit(model, processor.tokenizer)  # the papers' settings (MPSConfig / MRSConfig)
+    mrs = MonotonicRoPEScaling()
 
     def sample(steps: int, fixes: bool) -> None:
         if fixes:

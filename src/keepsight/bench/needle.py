@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..bridge import build_bridge
+from ..report.plots import plot_heatmaps
 from . import write_result
 
 KINDS = ("lia_mtr", "linear_attention", "attention_sdpa", "mlp")
@@ -42,8 +44,6 @@ class _Task:
 
 
 def _train(kind: str, task: _Task, width: int, steps: int, train_len: int, seed: int):
-    from ..bridge import build_bridge
-
     torch.manual_seed(seed)
     bridge = build_bridge(kind, d_vision=width, d_model=width)
     head = nn.Linear(width, task.k)
@@ -95,8 +95,6 @@ def run(out: str | Path = "runs/bench", kinds=KINDS, lengths=LENGTHS, depths=DEP
 
 
 def _plot(result: dict, path: Path) -> None:
-    from ..report.plots import plot_heatmaps
-
     path.parent.mkdir(parents=True, exist_ok=True)
     plot_heatmaps({k: v["accuracy"] for k, v in result["bridges"].items()}, [f"{d:.0%}" for d in result["depths"]],
                   [f"{n // 1024}K" for n in result["lengths"]], path,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from ..data import chat_example
 from ..probes import VisualAttentionProbe
 from ..world import generate, render, world_config
-from ..world.data import chat_example
 from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT
 from . import write_result

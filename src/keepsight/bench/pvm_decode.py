@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from transformers import Qwen2VLImageProcessorPil
 
 from ..pvm import PVMConfig, attach_pvm, detach_pvm
 from ..world.models import PRESETS, build_model, qwen3vl_inputs
@@ -35,8 +36,6 @@ def _decode_time(model, inputs, new_tokens: int, repeats: int) -> float:
 
 @torch.no_grad()
 def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 64, repeats: int = 3) -> dict:
-    from transformers import Qwen2VLImageProcessorPil
-
     tok = build_tokenizer()
     model = build_model(MID, tok)
     ip = Qwen2VLImageProcessorPil(min_pixels=MID.image_size**2, max_pixels=MID.image_size**2,

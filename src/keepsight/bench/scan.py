@@ -7,15 +7,14 @@ from pathlib import Path
 
 import torch
 
+from ..ops import multiscale_retention
+from ..ops.naive import naive_multiscale_retention
 from . import best_time, write_result
 
 
 @torch.inference_mode()
 def run(out: str | Path = "runs/bench", n: int = 16384, widths=(64, 1024), scales: int = 4,
         chunks=(32, 64, 128, 256), repeats: int = 3) -> dict:
-    from ..ops import multiscale_retention
-    from ..ops.naive import naive_multiscale_retention
-
     lambdas = torch.logspace(torch.log10(torch.tensor(0.70)), torch.log10(torch.tensor(0.995)), scales)
     rows = []
     for d in widths:

@@ -11,6 +11,7 @@ from keepsight.bridge.baselines import (
 )
 from keepsight.bridge.config import LiaMtrConfig, check_visual_tokens
 from keepsight.bridge.lia_mtr import LiaMtrBridge, LiaMtrState
+from keepsight.bridge.swap import LlavaBridgeConfig, LlavaBridgeForConditionalGeneration, replace_projector
 
 __all__ = [
     "BRIDGE_KINDS",
@@ -19,7 +20,10 @@ __all__ = [
     "LiaMtrConfig",
     "LiaMtrState",
     "LinearAttentionBridge",
+    "LlavaBridgeConfig",
+    "LlavaBridgeForConditionalGeneration",
     "MLPBridge",
     "build_bridge",
     "check_visual_tokens",
+    "replace_projector",
 ]

@@ -2,10 +2,10 @@
 
 A bridged model is ``LlavaBridgeForConditionalGeneration``: LLaVA with the bridge named in its config
 (``config.bridge = {"kind": ..., "d_vision": ..., "d_model": ..., **options}``) in place of
-``multi_modal_projector``. The config and model classes are registered with transformers' Auto classes
-(model type ``keepsight_llava``) when this module is imported (``keepsight.world.evaluate.load_vlm`` does),
-so ``AutoModelForImageTextToText.from_pretrained(dir)`` rebuilds the bridge and loads its weights. Parameter names outside the
-projector are LLaVA's own.
+``multi_modal_projector``. ``register_bridged_llava()`` (called by ``keepsight.models.register_model_types``,
+which the loader calls) registers the config and model classes with transformers' Auto classes (model type
+``keepsight_llava``), so ``AutoModelForImageTextToText.from_pretrained(dir)`` rebuilds the bridge and loads
+its weights. Parameter names outside the projector are LLaVA's own.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
 )
+
+from .baselines import build_bridge
 
 MODEL_TYPE = "keepsight_llava"
 
@@ -39,16 +41,16 @@ class LlavaBridgeForConditionalGeneration(LlavaForConditionalGeneration):
         self.post_init()
 
 
-AutoConfig.register(MODEL_TYPE, LlavaBridgeConfig, exist_ok=True)
-AutoModelForImageTextToText.register(LlavaBridgeConfig, LlavaBridgeForConditionalGeneration, exist_ok=True)
-# A model loaded from a LLaVA checkpoint is saved with LLaVA's checkpoint key layout (transformers reverses
-# the renamings it applied on load); the bridged type must read that layout the same way.
-register_checkpoint_conversion_mapping(MODEL_TYPE, get_checkpoint_conversion_mapping("llava"), overwrite=True)
+def register_bridged_llava() -> None:
+    """Register model type ``keepsight_llava`` with transformers' Auto classes (idempotent)."""
+    AutoConfig.register(MODEL_TYPE, LlavaBridgeConfig, exist_ok=True)
+    AutoModelForImageTextToText.register(LlavaBridgeConfig, LlavaBridgeForConditionalGeneration, exist_ok=True)
+    # A model loaded from a LLaVA checkpoint is saved with LLaVA's checkpoint key layout (transformers reverses
+    # the renamings it applied on load); the bridged type must read that layout the same way.
+    register_checkpoint_conversion_mapping(MODEL_TYPE, get_checkpoint_conversion_mapping("llava"), overwrite=True)
 
 
 def bridge_from_spec(spec: dict) -> nn.Module:
-    from .baselines import build_bridge
-
     spec = dict(spec)
     kind = spec.pop("kind")
     return build_bridge(kind, **spec)

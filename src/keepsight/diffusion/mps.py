@@ -20,19 +20,20 @@ a callable ``input_ids -> [B, T]``). Other positions are untouched; ``lam = 0`` 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
-from keepsight.diffusion.model import decoder_stack
-from keepsight.diffusion.sampler import resolve_mask_token_id
-
-PRIORS = ("vocab_mean", "topk", "random")
+from ..models.arch import check_layers, decoder_stack
+from .config import PRIORS, MPSConfig  # noqa: F401  (PRIORS: the prior-direction names, re-exported)
+from .sampler import resolve_mask_token_id
 
 
 def special_token_ids(tokenizer) -> set[int]:
@@ -82,22 +83,25 @@ def prior_cosine(hidden: torch.Tensor, U: torch.Tensor, mu: torch.Tensor | None 
 class MaskPriorSuppression:
     """See the module docstring. ``fit`` then ``with mps.apply(model): ...``."""
 
-    def __init__(self, k: int = 3, lam: float = 0.1, layers: str | Sequence[int] = "final",
-                 prior: str = "vocab_mean", center: bool = False, cache_dir: str | Path | None = None,
-                 n_prior_tokens: int = 100, seed: int = 0):
-        if prior not in PRIORS:
-            raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        if layers != "final" and (isinstance(layers, str) or not len(layers)):
-            raise ValueError(f"layers must be 'final' or a non-empty list of layer indices, got {layers!r}")
-        self.k, self.lam, self.layers, self.prior, self.center = k, lam, layers, prior, center
+    def __init__(self, config: MPSConfig | None = None, *, cache_dir: str | Path | None = None, **settings):
+        """``config`` (default ``MPSConfig()``, the paper's settings) with ``settings`` (its fields) overriding;
+        ``cache_dir``: where fitted subspaces are kept, keyed by a model fingerprint."""
+        base = config if config is not None else MPSConfig()
+        try:
+            self.config = dataclasses.replace(base, **settings)
+        except TypeError as e:
+            raise ValueError(f"MaskPriorSuppression: {e}") from None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.n_prior_tokens, self.seed = n_prior_tokens, seed
         self.U: torch.Tensor | None = None  # [d, k]
         self.mu: torch.Tensor | None = None  # [d]
         self.mask_token_id: int | None = None
         self.prior_tokens: torch.Tensor | None = None  # ids averaged into the prior embedding
+
+    def __getattr__(self, name: str):  # the settings read as attributes: mps.k, mps.lam, ...
+        config = self.__dict__.get("config")
+        if config is not None and name in {f.name for f in dataclasses.fields(config)}:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ------------------------------------------------------------------ fitting
 
@@ -143,8 +147,6 @@ class MaskPriorSuppression:
         if self.cache_dir is not None:
             path = self.cache_dir / f"mps-{self._fingerprint(model, tokenizer)}.safetensors"
             if path.exists():
-                from safetensors.torch import load_file
-
                 saved = load_file(str(path))
                 self.U, self.mu = saved["U"], saved["mu"]
                 return self
@@ -156,8 +158,6 @@ class MaskPriorSuppression:
             states = layer_states(model, self.prior_embedding(model, tokenizer, token_frequencies))  # [L, d]
             self.U, self.mu = pca_basis(states, self.k)
         if path is not None:
-            from safetensors.torch import save_file
-
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             save_file({"U": self.U.contiguous(), "mu": self.mu.contiguous()}, str(tmp))
@@ -169,8 +169,6 @@ class MaskPriorSuppression:
     def _layer_indices(self, n_layers: int) -> list[int]:
         if self.layers == "final":
             return [n_layers - 1]
-        from keepsight.probes.arch import check_layers
-
         return check_layers(self.layers, n_layers)
 
     def suppress(self, h: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

@@ -24,16 +24,17 @@ Works on any transformers-5 text stack with ``rotary_emb`` (Llada, LLaMA, Qwen3)
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from keepsight.diffusion.model import decoder_stack
-from keepsight.ops.rope import SCHEDULES, rope_gains, scale_rotary, scaled_inv_freq
-
-SEGMENTS = ("visual", "prompt", "generation")
-MODES = ("amplitude", "frequency")
+from ..models.arch import decoder_stack
+from ..models.arch import image_token_id as config_image_token_id
+from ..ops.rope import rope_gains, scale_rotary, scaled_inv_freq
+from .config import MODES, SEGMENTS, MRSConfig  # noqa: F401  (the mode / segment names, re-exported)
 
 
 def _input_ids_of(args, kwargs) -> torch.Tensor | None:
@@ -46,23 +47,22 @@ def _input_ids_of(args, kwargs) -> torch.Tensor | None:
 class MonotonicRoPEScaling:
     """``with MonotonicRoPEScaling(beta=0.01).apply(model): model(...)``; see the module docstring."""
 
-    def __init__(self, beta: float, eta: float = 8.0, tau0: float = 0.6, schedule: str = "sigmoid",
-                 mode: str = "amplitude", segments: str | Iterable[str] = "all"):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; choose from {SCHEDULES}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        if segments != "all":
-            segments = frozenset([segments] if isinstance(segments, str) else segments)
-            bad = sorted(segments - set(SEGMENTS))
-            if bad or not segments:
-                raise ValueError(f"segments must be 'all' or a non-empty subset of {SEGMENTS}, got {sorted(segments)}")
-            if segments == set(SEGMENTS):
-                segments = "all"
-        self.beta, self.eta, self.tau0, self.schedule, self.mode, self.segments = (
-            beta, eta, tau0, schedule, mode, segments)
+    def __init__(self, beta: float | MRSConfig | None = None, **settings):
+        """``MonotonicRoPEScaling(0.01)``, ``MonotonicRoPEScaling(beta=0.5, mode="frequency")`` or
+        ``MonotonicRoPEScaling(MRSConfig(...))``; defaults are ``MRSConfig``'s (the paper's)."""
+        base = beta if isinstance(beta, MRSConfig) else MRSConfig()
+        if beta is not None and not isinstance(beta, MRSConfig):
+            settings = {"beta": beta, **settings}
+        try:
+            self.config = dataclasses.replace(base, **settings)
+        except TypeError as e:
+            raise ValueError(f"MonotonicRoPEScaling: {e}") from None
+
+    def __getattr__(self, name: str):  # the settings read as attributes: mrs.beta, mrs.segments, ...
+        config = self.__dict__.get("config")
+        if config is not None and name in {f.name for f in dataclasses.fields(config)}:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def gains(self, head_dim: int) -> torch.Tensor:
         """``g [head_dim / 2]`` (float64)."""
@@ -90,11 +90,8 @@ class MonotonicRoPEScaling:
         handles, state = [], {"ids": None}
         auto = self.segments != "all" and segment_mask is None
         if auto:
-            if image_token_id is None:
-                cfg = getattr(model, "config", None)
-                image_token_id = getattr(cfg, "image_token_id", None)
-                if image_token_id is None:
-                    image_token_id = getattr(cfg, "image_token_index", None)
+            if image_token_id is None and getattr(model, "config", None) is not None:
+                image_token_id = config_image_token_id(model.config)
             if "visual" in self.segments and image_token_id is None:
                 raise ValueError("segment 'visual' needs image_token_id (the model config names none)")
             if self.segments & {"prompt", "generation"} and gen_start is None:
@@ -170,8 +167,6 @@ class RoPEBaseline:
         self.original_max = original_max_position_embeddings
 
     def inv_freq(self, rotary: torch.nn.Module) -> tuple[torch.Tensor, float]:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
         cfg = copy.deepcopy(rotary.config)
         theta = cfg.rope_parameters["rope_theta"]
         cfg.rope_parameters = {

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..metrics import early_late
-from ..world.data import WorldSamples
+from ..world.base import TrainConfig
+from ..world.config import WorldConfig
+from ..world.diagnose import diagnose
+from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+from ..world.tasks import WorldSamples
 
 
 @dataclass
@@ -21,12 +27,22 @@ class EvalSets:
         return len(self.dilution.scenes[0].objects) if len(self.dilution) else 0
 
 
+@dataclass
+class ExperimentContext:
+    """What every world experiment starts from (built once by the demo)."""
+
+    model_dir: Path  # the trained base model
+    train_config: TrainConfig  # how it was trained (its stages' schedules and seeds)
+    world: WorldConfig
+    sets: EvalSets  # the held-out sets every arm is scored on
+    base: dict  # the base arm's results (``evaluate_arm``)
+    scenes: Callable[[], WorldSamples]  # the training scenes (built on first use)
+    log: Callable[[str], None] = field(default=print)
+
+
 def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
     """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, and the
     attention / TVR / LogitLens diagnosis. Description texts are dropped from the result, except a few."""
-    from ..world.diagnose import diagnose
-    from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
-
     log(f"  yes/no on {len(sets.eval)} scenes")
     yn, _ = evaluate_yes_no(model, processor, sets.eval)
     log("  open answers")

@@ -16,8 +16,13 @@ from pathlib import Path
 
 import torch
 
-from ..world.data import WorldSamples
-from .arm import EvalSets, evaluate_arm
+from ..data import chat_example
+from ..models import load_checkpoint
+from ..train.bridge import BridgeTrainConfig, train_bridge
+from ..world.base import backbone_init
+from ..world.tasks import WorldSamples, caption_data, instruct_data
+from ..world.texts import DESCRIBE_PROMPT
+from .arm import ExperimentContext, evaluate_arm
 
 PAPER = {"mme_lia": 71.00, "mme_mlp": 68.11, "existence_after_align_lia": 91.67, "existence_after_align_mlp": 81.67,
          "scene_lia": 90.40, "scene_mlp": 78.75, "gate_mean": 0.5053, "gate_std": 0.0444}
@@ -35,9 +40,6 @@ class BridgeExperiment:
 @torch.no_grad()
 def probe_write_gate(model, processor, samples: WorldSamples, n: int = 64) -> dict:
     """Write-gate statistics of the model's bridge on the visual features of ``n`` images."""
-    from ..world.data import chat_example
-    from ..world.texts import DESCRIBE_PROMPT
-
     bridge = model.model.multi_modal_projector
     seen: list[torch.Tensor] = []
     handle = bridge.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
@@ -50,31 +52,31 @@ def probe_write_gate(model, processor, samples: WorldSamples, n: int = 64) -> di
     return bridge.probe(torch.cat(seen))
 
 
-def run_bridge_experiment(exp: BridgeExperiment, model_dir: Path, train_cfg, train: WorldSamples, sets: EvalSets,
-                          base_result: dict, log=print) -> dict:
-    from ..train.bridge import BridgeTrainConfig, train_bridge
-    from ..world.evaluate import load_vlm
-
+def run_bridge_experiment(exp: BridgeExperiment, ctx: ExperimentContext) -> dict:
+    """Train (or reuse) both phases of the bridge arm and score every arm after each phase."""
+    model_dir, train_cfg, train, sets, log = ctx.model_dir, ctx.train_config, ctx.scenes(), ctx.sets, ctx.log
     key = hashlib.sha256(json.dumps([exp.to_dict(), train_cfg.to_dict()], sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(f"{model_dir}-bridge") / f"{exp.bridge}-{key}"
-    p1 = BridgeTrainConfig(phase=1, stage=train_cfg.align, bridge=exp.bridge, bridge_options=exp.options,
-                           seed=train_cfg.seed + 2, save_every=train_cfg.save_every)  # the align stage's seed
-    p2 = BridgeTrainConfig(phase=2, stage=train_cfg.instruct, seed=train_cfg.seed + 3,
-                           save_every=train_cfg.save_every)  # the instruct stage's seed
-    log(f"{exp.bridge} phase 1 (alignment, {p1.stage.steps} steps) -> {cache / 'phase1'}")
-    s1 = train_bridge(model_dir, train, cache / "phase1", p1, progress=False)
-    log(f"{exp.bridge} phase 2 (instruction tuning, {p2.stage.steps} steps) -> {cache / 'phase2'}")
-    s2 = train_bridge(cache / "phase1", train, cache / "phase2", p2, progress=False)
+    align, instruct = train_cfg.align, train_cfg.instruct  # the same schedules and seeds as the MLP's stages
+    p1 = BridgeTrainConfig(phase=1, steps=align.steps, lr=align.lr, batch_size=align.batch_size, bridge=exp.bridge,
+                           bridge_options=exp.options, seed=train_cfg.seed + 2, save_every=train_cfg.save_every)
+    p2 = BridgeTrainConfig(phase=2, steps=instruct.steps, lr=instruct.lr, batch_size=instruct.batch_size,
+                           seed=train_cfg.seed + 3, save_every=train_cfg.save_every)
+    log(f"{exp.bridge} phase 1 (alignment, {p1.steps} steps) -> {cache / 'phase1'}")
+    s1 = train_bridge(model_dir, caption_data(train, p1.seed), cache / "phase1", p1, progress=False,
+                      init=lambda: backbone_init(model_dir, p1.seed))
+    log(f"{exp.bridge} phase 2 (instruction tuning, {p2.steps} steps) -> {cache / 'phase2'}")
+    s2 = train_bridge(cache / "phase1", instruct_data(train, p2.seed), cache / "phase2", p2, progress=False)
 
     arms, gates = {}, {}
     for name, path in (("mlp_phase1", model_dir / "stages" / "align"), (f"{exp.bridge}_phase1", cache / "phase1"),
                        (f"{exp.bridge}_phase2", cache / "phase2")):
         log(f"evaluating {name}")
-        model, processor = load_vlm(path)
+        model, processor = load_checkpoint(path, dtype=None, device="cpu")
         arms[name] = evaluate_arm(model, processor, sets, log)
         if hasattr(model.model.multi_modal_projector, "probe"):
             gates[name] = probe_write_gate(model, processor, sets.eval)
-    arms["mlp_phase2"] = base_result
+    arms["mlp_phase2"] = ctx.base
     stage_loss = {st: json.loads((model_dir / "stages" / st / "keepsight_stage.json").read_text())["last_loss"]
                   for st in ("align", "instruct")}
     losses = {"mlp_phase1": stage_loss["align"], f"{exp.bridge}_phase1": s1["last_loss"],

@@ -14,15 +14,34 @@ MRS at the paper's beta and a strong one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..data import chat_example
+from ..diffusion import (
+    MaskPriorSuppression,
+    MonotonicRoPEScaling,
+    MPSConfig,
+    MRSConfig,
+    RoPEBaseline,
+    generate,
+    lone_mask_logits,
+    prior_cosine,
+)
 from ..metrics import chair, distinct_n, repetition_ratio
-from ..train.diffusion import DiffusionTrainConfig
-from ..world.data import WorldSamples
+from ..models import decoder_stack, load_checkpoint
+from ..probes import RoPEAttentionProbe
+from ..train.diffusion import DiffusionTrainConfig, train_diffusion
+from ..world.base import llada_v_init
+from ..world.dataset import generate as world_scenes
+from ..world.tasks import VLMDataset, WorldSamples
+from ..world.texts import DESCRIBE_PROMPT
+from .arm import ExperimentContext
 
 PAPER = {"repeats_from_mask_prior": 0.95, "mps_lam": 0.1, "mrs": {"beta": 0.01, "eta": 8, "tau0": 0.6}}
 
@@ -32,19 +51,20 @@ class DiffusionExperiment:
     train: DiffusionTrainConfig = field(default_factory=DiffusionTrainConfig)
     n_scenes: int = 48  # held-out scenes (objects per scene: ``n_objects``) described in every run
     n_objects: int = 6  # a 64-token window holds the header and about six objects
+    scene_seed: int = 4  # the held-out scenes' seed (disjoint from the demo's train / eval / dilution streams)
     steps_grid: tuple[int, ...] = (4, 8, 16, 32)
     sweep_steps: int = 8  # T for the sweeps and the attention analysis
     attention_betas: tuple[float, ...] = (0.01, 1.0)  # MRS betas in the attention analysis (beside no MRS)
-    mps: dict = field(default_factory=lambda: {"k": 3, "lam": 0.1})
-    mrs: dict = field(default_factory=lambda: {"beta": 0.01, "eta": 8.0, "tau0": 0.6})
+    tasks: tuple[str, ...] = ("describe",)  # training items (VLMDataset tasks); the analyses use descriptions
+    describe_repeats: int = 1  # repeats of each description among the training items
+    mps: dict = field(default_factory=MPSConfig.paper_defaults)
+    mrs: dict = field(default_factory=MRSConfig.paper_defaults)
     sweeps: dict = field(default_factory=lambda: {
         "lam": [0.05, 0.1, 0.3, 0.5, 1.0], "k": [1, 2, 3], "beta": [0.01, 0.1, 0.5, 1.0],
         "eta": [4.0, 8.0, 12.0], "tau0": [0.3, 0.6, 0.9],
         "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"]})
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
 
@@ -60,10 +80,6 @@ def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
 
 class _Runner:
     def __init__(self, model, processor, samples: WorldSamples, gen_length: int):
-        from ..diffusion import lone_mask_logits
-        from ..world.data import chat_example
-        from ..world.texts import DESCRIBE_PROMPT
-
         self.model, self.processor, self.samples, self.gen_length = model, processor, samples, gen_length
         tok = processor.tokenizer
         enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * len(samples), images=samples.images,
@@ -76,8 +92,6 @@ class _Runner:
         self.suppress = [tok.pad_token_id, tok.bos_token_id]
 
     def method(self, name: str, mps_kw: dict, mrs_kw: dict):
-        from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, RoPEBaseline
-
         stack = contextlib.ExitStack()
         if name in ("mps", "both"):
             mps = MaskPriorSuppression(**mps_kw).fit(self.model, self.processor.tokenizer)
@@ -91,8 +105,6 @@ class _Runner:
     @torch.no_grad()
     def run(self, steps: int, name: str = "none", mps_kw: dict | None = None, mrs_kw: dict | None = None,
             callback=None) -> dict:
-        from ..diffusion import generate
-
         with self.method(name, mps_kw or {}, mrs_kw or {}):
             t0 = time.perf_counter()
             out = generate(self.model, self.enc["input_ids"], self.enc["attention_mask"], self.enc["pixel_values"],
@@ -119,15 +131,11 @@ class _Runner:
 def prior_cosine_per_step(runner: _Runner, steps: int, mps_kw: dict) -> dict:
     """Mean |cos| of still-masked final-layer hidden states to the prior subspace at every sampler step,
     with and without MPS (captured after MPS's own hook, i.e. what the final norm and head see)."""
-    from ..diffusion import MaskPriorSuppression
-
     fitted = MaskPriorSuppression(**mps_kw).fit(runner.model, runner.processor.tokenizer)
     return {name: _cosine_curve(runner, steps, name, mps_kw, fitted.U) for name in ("none", "mps")}
 
 
 def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch.Tensor) -> list[float]:
-    from ..diffusion import decoder_stack, prior_cosine
-
     mask_id = runner.processor.tokenizer.mask_token_id
     curve: list[float] = []
     ids_box: dict = {}
@@ -155,8 +163,6 @@ def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch
 def attention_by_distance(runner: _Runner, steps: int, mrs_kw: dict, betas) -> dict:
     """``RoPEAttentionProbe`` results (all layers, 3 frequency bands, distance bins of 8) while sampling the
     runner's scenes, with no MRS and with MRS at each beta; each entry also carries recall and CHAIRi."""
-    from ..diffusion import RoPEAttentionProbe
-
     mask_id = runner.processor.tokenizer.mask_token_id
     out = {}
     for label, kw in [("none", None)] + [(f"MRS beta={b:g}", {**mrs_kw, "beta": b}) for b in betas]:
@@ -166,24 +172,21 @@ def attention_by_distance(runner: _Runner, steps: int, mrs_kw: dict, betas) -> d
     return out
 
 
-def run_diffusion_experiment(exp: DiffusionExperiment, base_dir: Path, train: WorldSamples, eval_scenes: WorldSamples,
-                             log=print) -> dict:
-    import hashlib
-    import json
-    from dataclasses import asdict
-
-    from ..train.diffusion import train_diffusion
-    from ..world.evaluate import load_vlm
-
+def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -> dict:
+    """Train (or reuse) the diffusion VLM and run the grid, the sweeps and the analyses on held-out scenes."""
+    base_dir, train, log = ctx.model_dir, ctx.scenes(), ctx.log
+    eval_scenes = WorldSamples.from_scenes(ctx.world, world_scenes(ctx.world, exp.n_scenes, seed=exp.scene_seed,
+                                                               n_objects=exp.n_objects))
     # training_code 2: batches after the first epoch no longer follow the global RNG (which the masking
     # objective advances), so the same configuration trains a different model than keepsight <= 0.1 did
-    key = hashlib.sha256(json.dumps({**asdict(exp.train), "training_code": 2}, sort_keys=True).encode()).hexdigest()[:12]
+    spec = {**asdict(exp.train), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({exp.train.steps} steps) -> {model_dir}")
-    summary = train_diffusion(base_dir, train, model_dir, exp.train, progress=False)
-    import keepsight.diffusion  # noqa: F401  (registers the llada model type)
-
-    model, processor = load_vlm(model_dir)
+    data = VLMDataset(train, exp.tasks, exp.train.seed, describe_repeats=exp.describe_repeats)
+    summary = train_diffusion(lambda: llada_v_init(base_dir, exp.train.seed), data, model_dir, exp.train,
+                              progress=False, source=str(base_dir))
+    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
     runner = _Runner(model, processor, eval_scenes, exp.train.answer_length)
     grid = []
     for steps in exp.steps_grid:

@@ -17,12 +17,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..pvm import PVMConfig
-from ..train.lora_control import LoRATrainConfig
-from ..train.pvm_grpo import GRPOTrainConfig
-from ..train.pvm_sft import PVMTrainConfig
-from ..world.data import WorldSamples
-from .arm import EvalSets, evaluate_arm, relative_change
+from ..models import load_checkpoint
+from ..pvm import PVMConfig, load_pvm
+from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
+from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
+from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
+from ..world.grpo import check_tasks, world_grpo_data
+from ..world.tasks import WorldSamples, instruct_data
+from .arm import ExperimentContext, evaluate_arm, relative_change
 
 ARMS = ("base", "pvm_sft", "lora", "pvm_grpo")
 PAPER = {"avg_gain_8b": 4.8, "avg_gain_4b": 4.4, "short_rel": 0.061, "long_rel": 0.273, "overhead": 0.0032}
@@ -35,10 +37,16 @@ class PVMExperiment:
     lora: LoRATrainConfig = field(default_factory=LoRATrainConfig)
     grpo: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
     n_grpo_scenes: int = 1000  # the first scenes of the training set, for GRPO prompts
+    grpo_tasks: tuple[str, ...] = ("describe", "open")  # GRPO prompts (keepsight.world.grpo)
+    format_weight: float = 0.2  # weight of the format reward (the answer reward has weight 1)
+
+    def __post_init__(self) -> None:
+        self.grpo_tasks = tuple(check_tasks(self.grpo_tasks))
 
     def to_dict(self) -> dict:
         return {"pvm": self.pvm.to_dict(), "sft": asdict(self.sft), "lora": asdict(self.lora),
-                "grpo": asdict(self.grpo), "n_grpo_scenes": self.n_grpo_scenes}
+                "grpo": asdict(self.grpo), "n_grpo_scenes": self.n_grpo_scenes, "grpo_tasks": list(self.grpo_tasks),
+                "format_weight": self.format_weight}
 
 
 def _hash(obj) -> str:
@@ -49,33 +57,29 @@ def _strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "log_history"}
 
 
-def run_pvm_experiment(exp: PVMExperiment, model_dir: Path, train: WorldSamples, sets: EvalSets,
-                       base_result: dict, log=print) -> dict:
-    """Train (or reuse) the three adapters on ``train`` and evaluate each arm on ``sets``."""
-    from ..pvm import load_pvm
-    from ..train.lora_control import apply_lora, train_lora_control
-    from ..train.pvm_grpo import train_pvm_grpo
-    from ..train.pvm_sft import train_pvm_sft
-    from ..world.evaluate import load_vlm
-
+def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
+    """Train (or reuse) the three adapters on the training scenes and evaluate each arm on the held-out sets."""
+    model_dir, train, sets, log = ctx.model_dir, ctx.scenes(), ctx.sets, ctx.log
     cache = Path(f"{model_dir}-pvm")
     sft_dir = cache / f"sft-{_hash([exp.pvm.to_dict(), asdict(exp.sft)])}"
     lora_dir = cache / f"lora-{_hash([exp.pvm.to_dict(), asdict(exp.lora)])}"
-    grpo_dir = cache / f"grpo-{_hash([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes])}"
+    grpo_dir = cache / f"grpo-{_hash([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight])}"
 
     log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
-    sft = train_pvm_sft(model_dir, train, sft_dir, exp.pvm, exp.sft, progress=False)
+    sft = train_pvm_sft(model_dir, instruct_data(train, exp.sft.seed), sft_dir, exp.pvm, exp.sft, progress=False)
     log(f"LoRA control ({exp.lora.steps} steps, parameter-matched) -> {lora_dir}")
-    lora = train_lora_control(model_dir, train, lora_dir, exp.pvm, exp.lora, progress=False)
+    lora = train_lora_control(model_dir, instruct_data(train, exp.lora.seed), lora_dir, exp.pvm, exp.lora,
+                              progress=False)
     grpo_train = WorldSamples(train.config, train.scenes[: exp.n_grpo_scenes], train.images[: exp.n_grpo_scenes])
+    data = world_grpo_data(grpo_train, exp.grpo_tasks, exp.grpo.seed, exp.format_weight)
     log(f"PVM stage 2 (GRPO, {exp.grpo.steps} steps, {exp.grpo.num_generations} completions a prompt) -> {grpo_dir}")
-    grpo = train_pvm_grpo(model_dir, sft_dir, grpo_train, grpo_dir, exp.grpo, progress=False)
+    grpo = train_pvm_grpo(model_dir, sft_dir, data, grpo_dir, exp.grpo, progress=False)
 
-    arms = {"base": base_result}
+    arms = {"base": ctx.base}
     for arm, attach in (("pvm_sft", lambda m: load_pvm(m, sft_dir)), ("lora", lambda m: apply_lora(m, lora_dir)),
                         ("pvm_grpo", lambda m: load_pvm(m, grpo_dir))):
         log(f"evaluating arm {arm}")
-        model, processor = load_vlm(model_dir)
+        model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
         model = attach(model)
         arms[arm] = evaluate_arm(model, processor, sets, log)
     return {

@@ -6,7 +6,7 @@
 ``method`` (model argument; default ``none``):
 
 - ``none``: the checkpoint as it is: LLaVA-family, Qwen3-VL, Qwen2.5-VL, or a bridge-converted LLaVA
-  (model type ``keepsight_llava``; importing ``keepsight.bridge.swap`` registers it).
+  (model type ``keepsight_llava``; the loader registers it).
 - ``pvm``: the same checkpoints with the Persistent Visual Memory adapter ``pvm=<adapter dir>``
   (``keepsight.pvm.load_pvm``, which checks that the adapter fits the model).
 - ``bridge``: as ``none``, but the checkpoint must be bridge-converted (a guard against evaluating the
@@ -61,17 +61,21 @@ import sys
 from pathlib import Path
 
 import torch
+from PIL import Image
+from tqdm import tqdm
 
-from ..checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
-from ..world.data import padding_side
-from ..world.distributed import process_rank
+from ..data import padding_side
+from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, MPSConfig, MRSConfig, generate
+from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from ..pvm import load_pvm
+from ..train.distributed import process_rank
 from .model_args import MPS_KEYS, MRS_KEYS, as_bool, as_choice, as_float, as_int, as_str, fix_settings
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = ("none", "pvm", "bridge", "diffusion")
-MPS_DEFAULTS = {"k": 3, "lam": 0.1}
-MRS_DEFAULTS = {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
+MPS_DEFAULTS = MPSConfig.paper_defaults()  # {"k": 3, "lam": 0.1}
+MRS_DEFAULTS = MRSConfig.paper_defaults()  # {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
 
 
 # ----------------------------------------------------------------------------- the model
@@ -129,13 +133,9 @@ class KeepsightLMM:
         self._model, self._processor = self._load()
         self._mps = None
         if self.mps is not None:
-            from ..diffusion import MaskPriorSuppression
-
             self._mps = MaskPriorSuppression(**self.mps).fit(self._model, self.tokenizer)
         self._mrs = None
         if self.mrs is not None:
-            from ..diffusion import MonotonicRoPEScaling
-
             self._mrs = MonotonicRoPEScaling(**self.mrs)
 
     # ------------------------------------------------------------------ setup
@@ -163,20 +163,20 @@ class KeepsightLMM:
                 raise ValueError(f"{', '.join(given)} only apply to method=diffusion (method is {self.method})")
 
     def _check_kind(self) -> None:
+        """What ``method`` needs of the checkpoint, read from the architecture table."""
         kind, where = self.kind, self.path
+        spec = ARCHITECTURES[kind]
         if self.method == "diffusion":
-            if kind == "llava_llada":
-                raise ValueError(f"{where}: LLaDA-V's own llava_llada config names its vision tower by hub id only; "
-                                 "convert it to a LLaVA config with a llada text_config (see keepsight.diffusion."
-                                 "load_llada_v) and save it with its processor")
-            if kind == "llada_lm":
-                raise ValueError(f"{where} is a text-only LLaDA language model; lmms-eval tasks need a VLM "
-                                 "(LLaVA with a llada text model)")
-            if kind != "llada_v":
+            if spec.family != "diffusion":
                 raise ValueError(f"method=diffusion needs a masked-diffusion VLM (LLaVA with a llada text model); "
                                  f"{where} has model_type {kind!r}")
+            if not spec.loadable:
+                raise ValueError(f"{where}: {spec.note}")
+            if not spec.vlm:
+                raise ValueError(f"{where} is a text-only LLaDA language model; lmms-eval tasks need a VLM "
+                                 "(LLaVA with a llada text model)")
             return
-        if kind in ("llada_v", "llada_lm", "llava_llada"):
+        if spec.family == "diffusion":
             raise ValueError(f"{where} is a masked-diffusion checkpoint ({kind}); evaluate it with method=diffusion")
         if self.method == "bridge" and kind != "keepsight_llava":
             raise ValueError(f"method=bridge expects a bridge-converted checkpoint (model_type keepsight_llava, from "
@@ -191,12 +191,8 @@ class KeepsightLMM:
                              "with it")
         if self.method == "diffusion":
             return model, processor
-        from ..probes.arch import arch_info
-
         arch_info(model)  # the layout keepsight's methods rely on
         if self.method == "pvm":
-            from ..pvm import load_pvm
-
             load_pvm(model, self.pvm_dir)
         return model, processor
 
@@ -252,8 +248,6 @@ class KeepsightLMM:
                            "before it sends requests") from None
 
     def _visuals(self, doc_to_visual, doc_id, task, split) -> list:
-        from PIL import Image
-
         if doc_to_visual is None:
             return []
         found = doc_to_visual(self._doc(task, split, doc_id))
@@ -298,8 +292,6 @@ class KeepsightLMM:
         return args
 
     def generate_until(self, requests) -> list[str]:
-        from tqdm import tqdm
-
         parsed = [self._generate_args(r) for r in requests]
         out: list[str | None] = [None] * len(parsed)
         groups: list[list[int]] = []
@@ -400,8 +392,6 @@ class KeepsightLMM:
         return gen_length, self.steps or gen_length, block
 
     def _diffuse(self, enc, s: dict) -> torch.Tensor:
-        from ..diffusion import generate
-
         gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
         tok = self.tokenizer
         suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
@@ -432,8 +422,6 @@ class KeepsightLMM:
     # ------------------------------------------------------------------ loglikelihood
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        from tqdm import tqdm
-
         if self.method == "diffusion":
             raise NotImplementedError("loglikelihood is not defined for a masked-diffusion model (method=diffusion) "
                                       "here: it has no left-to-right token probabilities; evaluate it on "
@@ -495,7 +483,7 @@ def lmms_class():
     global _LMMS_CLASS
     if _LMMS_CLASS is None:
         try:
-            from lmms_eval.api.model import lmms
+            from lmms_eval.api.model import lmms  # optional dependency (the `lmms` extra)
         except ImportError as e:
             raise ImportError("lmms-eval is not installed: pip install 'keepsight[lmms]' (it needs torchvision; "
                               "`make test-lmms` builds a separate .venv-lmms with both)") from e
@@ -522,7 +510,7 @@ def _through_unwrap(results: list) -> list:
     """lmms-eval 0.7.3's evaluator passes every model output through ``unwrap_generation_output``, which turns
     a ``(float, bool)`` loglikelihood pair into its ``str()`` (and multiple_choice scoring then fails); wrapped
     in its ``GenerationResult`` the pair comes out as it went in. A no-op where pairs already pass."""
-    from lmms_eval.api import instance
+    from lmms_eval.api import instance  # optional dependency (the `lmms` extra)
 
     if instance.unwrap_generation_output((0.0, True))[0] == (0.0, True):
         return results
@@ -537,7 +525,7 @@ def __getattr__(name: str):
 
 def manifest():
     """The entry point (group ``lmms_eval.models``): lmms-eval 0.7 calls it and registers what it returns."""
-    from lmms_eval.models.registry_v2 import ModelManifest
+    from lmms_eval.models.registry_v2 import ModelManifest  # optional dependency (the `lmms` extra)
 
     return ModelManifest(model_id=MODEL_NAME, simple_class_path=CLASS_PATH)
 
@@ -546,8 +534,8 @@ def register():
     """Register ``keepsight`` with an imported lmms-eval by hand (not needed when keepsight is installed: the
     entry point does it). Returns the model class."""
     cls = lmms_class()
-    from lmms_eval import models
-    from lmms_eval.api.registry import register_model
+    from lmms_eval import models  # optional dependency (the `lmms` extra)
+    from lmms_eval.api.registry import register_model  # optional dependency
 
     register_model(MODEL_NAME)(cls)  # the legacy registry
     models.MODEL_REGISTRY_V2.register_manifest(manifest(), overwrite=True)  # what models.get_model reads
@@ -559,7 +547,7 @@ def register():
 def main(argv: list[str] | None = None) -> None:
     """``python -m keepsight.integrations.lmms_eval ARGS``: ``lmms-eval ARGS`` with ``keepsight`` registered."""
     register()
-    from lmms_eval.cli.dispatch import main as lmms_main
+    from lmms_eval.cli.dispatch import main as lmms_main  # optional dependency (the `lmms` extra)
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]

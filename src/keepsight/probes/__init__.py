@@ -1,9 +1,8 @@
-"""Diagnostics: visual attention mass / TVR per layer and step, LogitLens."""
+"""Diagnostics: visual attention mass / TVR per layer and step (autoregressive VLMs), LogitLens, and where
+masked-diffusion generation slots attend by distance and RoPE band."""
 
-from .arch import arch_info, check_layers
 from .attention import VisualAttentionProbe
+from .logit_lens import LogitLens
+from .rope_attention import RoPEAttentionProbe
 
-__all__ = ["VisualAttentionProbe", "arch_info", "check_layers"]
-from .logit_lens import LogitLens  # noqa: E402
-
-__all__ += ["LogitLens"]
+__all__ = ["LogitLens", "RoPEAttentionProbe", "VisualAttentionProbe"]

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .arch import arch_info, check_layers
+from ..models.arch import arch_info, check_layers
 
 PROBE_ATTENTION = "keepsight_probe"
 _ACTIVE: list[VisualAttentionProbe] = []  # the probe currently recording (innermost last)
 
 
 def _probe_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                  **kwargs)
     if _ACTIVE:
@@ -35,9 +36,6 @@ def _probe_attention(module, query, key, value, attention_mask, dropout: float =
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     AttentionInterface.register(PROBE_ATTENTION, _probe_attention)
     AttentionMaskInterface.register(PROBE_ATTENTION, sdpa_mask)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .arch import arch_info
+from ..models.arch import arch_info
 
 
 class LogitLens:

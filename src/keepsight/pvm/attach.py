@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..probes.arch import arch_info
+from ..models.arch import arch_info
 from .config import PVMConfig
 from .module import PVMBranch
 
@@ -59,7 +59,7 @@ def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
     st.hooks.append(model.register_forward_pre_hook(_top_pre_hook, with_kwargs=True))
     st.hooks.append(info.language_model.register_forward_pre_hook(_make_lm_pre_hook(model), with_kwargs=True))
     for i in layers:
-        mlp = info.layers[i].mlp
+        mlp = info.ffn(i)
         st.hooks.append(mlp.register_forward_hook(_make_ffn_hook(model, str(i))))
     return model
 

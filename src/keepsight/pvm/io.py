@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..probes.arch import arch_info
+from ..models.arch import arch_info
 from .attach import attach_pvm, detach_pvm, pvm_state_dict
 from .config import PVMConfig
 

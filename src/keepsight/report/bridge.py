@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .html import fmt, table
 
 
@@ -26,8 +28,8 @@ def bridge_sections(res: dict) -> list[tuple[str, str]]:
     tr = res["training"]
     intro = (f"<p>MLP (the base model's own projector) against {res['config']['bridge']} "
              f"({tr['phase1']['bridge_parameters']:,d} parameters), from the same language model and vision "
-             f"tower, with the same phase budgets: phase 1 {tr['phase1']['train']['stage']['steps']} steps "
-             f"(projector only), phase 2 {tr['phase2']['train']['stage']['steps']} steps (projector + LLM). The "
+             f"tower, with the same phase budgets: phase 1 {tr['phase1']['train']['steps']} steps "
+             f"(projector only), phase 2 {tr['phase2']['train']['steps']} steps (projector + LLM). The "
              f"paper (real benchmarks): MME {p['mme_lia']} vs {p['mme_mlp']} after instruction tuning, Existence "
              f"{p['existence_after_align_lia']} vs {p['existence_after_align_mlp']} after alignment, Scene "
              f"{p['scene_lia']} vs {p['scene_mlp']}.</p>")
@@ -51,3 +53,8 @@ def bridge_markdown(res: dict) -> str:
         lines.append(f"Write gate ({k}): mean {v['gate_mean']:.4f}, std {v['gate_std']:.4f} "
                      f"(paper: {res['paper']['gate_mean']}, {res['paper']['gate_std']}).")
     return "\n".join(lines)
+
+
+def bridge_report(res: dict, out_dir: Path) -> list[tuple[str, str]]:
+    """The experiment's report sections (the demo's table entry)."""
+    return bridge_sections(res)

@@ -135,3 +135,8 @@ def diffusion_markdown(res: dict) -> str:
                   "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
         lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _attention_rows(att)]
     return "\n".join(lines)
+
+
+def diffusion_report(res: dict, out_dir: Path) -> list[tuple[str, str]]:
+    """The experiment's report sections, with the attention-by-distance plot (the demo's table entry)."""
+    return diffusion_sections(res, plot_attention(res["attention"], Path(out_dir) / "diffusion_attention.png"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -92,8 +93,6 @@ def _save(fig, path: Path) -> Path:
 def plot_diagnosis(diag: dict, out_dir: str | Path, title: str = "") -> dict[str, Path]:
     """Four PNGs from ``keepsight.world.diagnose.diagnose``: Omega_V(t) log-log with the fitted slope,
     TVR(t), a layer x step heatmap of Omega_V, and LogitLens agreement / KL per layer."""
-    import math
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}

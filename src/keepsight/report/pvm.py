@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .html import fmt, img_tag, table
+from .plots import plot_arms_by_index
 
 LABELS = {"base": "base", "pvm_sft": "+ PVM (stage 1 SFT)", "lora": "+ LoRA (matched control)",
           "pvm_grpo": "+ PVM (SFT + GRPO)"}
@@ -83,3 +84,11 @@ def pvm_markdown(res: dict) -> str:
                   f"(PVM {tr['lora']['pvm_parameters']}). GRPO reward {fmt(first.get('reward'))} (first log) -> "
                   f"{fmt(last.get('reward'))} (last log)."]
     return "\n".join(lines)
+
+
+def pvm_report(res: dict, out_dir: Path) -> list[tuple[str, str]]:
+    """The experiment's report sections, with the exact-accuracy-by-index plot per arm (the demo's table entry)."""
+    k = res["arms"]["base"]["dilution"]["n_objects"]
+    plot = plot_arms_by_index({a: v["dilution"]["by_index"] for a, v in res["arms"].items()},
+                              Path(out_dir) / "pvm_by_index.png", f"exact accuracy by index, {k} objects")
+    return pvm_sections(res, plot)

@@ -8,40 +8,28 @@ the one whose parameter count is nearest PVM's. Saved in PEFT's own format (``ad
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..atomic import write_json
-from ..probes.arch import arch_info
+from ..data import VLMCollator
+from ..models import arch_info, load_checkpoint
 from ..pvm import PVMBranch, PVMConfig
-from ..world.data import VLMCollator, VLMDataset, WorldSamples
-from ..world.distributed import batch_layout, gather_state_dict, main_process_writes
-from ..world.evaluate import load_vlm
-from ..world.train import StageConfig, atomic_save_dir, run_trainer
+from .recipe import Recipe, publish_directory, run_recipe
+from .trainer import TrainOptions
 
 SUMMARY_FILE = "lora_train.json"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@dataclass
-class LoRATrainConfig:
+@dataclass(kw_only=True)
+class LoRATrainConfig(TrainOptions):
     steps: int = 600  # the same budget as PVM stage 1
     lr: float = 1e-3
     batch_size: int = 16
-    seed: int = 0
-    save_every: int = 200
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
 def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
@@ -77,56 +65,62 @@ def matched_rank(model: nn.Module, targets: list[str], n_params: int) -> tuple[i
     return rank, rank * per_rank
 
 
-def train_lora_control(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
+class LoRARecipe(Recipe):
+    """Base model + a LoRA on PVM's layers with PVM's (nearest) parameter count; only ``lora_*`` trains."""
+
+    summary_file = SUMMARY_FILE
+    marker_file = "adapter_config.json"
+
+    def __init__(self, model_dir, dataset, pvm_config: PVMConfig | None, options: LoRATrainConfig):
+        super().__init__(options)
+        self.model_dir, self.data, self.pvm_config = Path(model_dir), dataset, pvm_config or PVMConfig()
+
+    def load(self):
+        from peft import LoraConfig, get_peft_model  # optional dependency (the `train` extra)
+
+        model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
+        self.layers = self.pvm_config.resolve_layers(len(arch_info(model).layers))
+        self.target_params = pvm_parameter_count(model, self.pvm_config)
+        targets = lora_targets(model, self.layers)
+        self.rank, self.n_params = matched_rank(model, targets, self.target_params)
+        torch.manual_seed(self.options.seed)
+        lora = LoraConfig(r=self.rank, lora_alpha=2 * self.rank, lora_dropout=0.0, target_modules=targets, bias="none")
+        model = get_peft_model(model, lora)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if trainable != self.n_params:
+            raise RuntimeError(f"LoRA has {trainable} trainable parameters, expected {self.n_params}")
+        return model, processor
+
+    def trainable(self, name: str) -> bool:
+        return "lora_" in name
+
+    def dataset(self, processor):
+        return self.data
+
+    def collator(self, processor):
+        return VLMCollator(processor)
+
+    def summarise(self, model, processor, logs):
+        return {"base": str(self.model_dir), "layers": self.layers, "rank": self.rank,
+                "lora_parameters": self.n_params, "pvm_parameters": self.target_params}
+
+    def publish(self, model, processor, out, summary):
+        publish_directory(out, self.summary_file, summary, model, "",
+                          lambda tmp, sd: model.save_pretrained(tmp, state_dict=sd))
+
+
+def train_lora_control(model_dir: str | os.PathLike, dataset, out: str | os.PathLike,
                        pvm_config: PVMConfig | None = None, cfg: LoRATrainConfig | None = None,
                        stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
-    """Train a LoRA matched to the PVM that ``pvm_config`` would add (same layers, nearest size).
-    ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
-    from peft import LoraConfig, get_peft_model
-
-    out = Path(out)
-    if (out / SUMMARY_FILE).is_file() and (out / "adapter_config.json").is_file():
-        return json.loads((out / SUMMARY_FILE).read_text())
-    cfg = cfg or LoRATrainConfig()
-    pvm_config = pvm_config or PVMConfig()
-    model, processor = load_vlm(model_dir)
-    layers = pvm_config.resolve_layers(len(arch_info(model).layers))
-    target_params = pvm_parameter_count(model, pvm_config)
-    targets = lora_targets(model, layers)
-    rank, n_params = matched_rank(model, targets, target_params)
-    torch.manual_seed(cfg.seed)
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets, bias="none")
-    model = get_peft_model(model, lora)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if trainable != n_params:
-        raise RuntimeError(f"LoRA has {trainable} trainable parameters, expected {n_params}")
-    data = VLMDataset(samples, VLMDataset.TASKS, cfg.seed, describe_repeats=3)
-    model.train()
-    logs, step = run_trainer(model, data, VLMCollator(processor), StageConfig(cfg.steps, cfg.lr, cfg.batch_size),
-                             out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress,
-                             grad_accum=grad_accum)
-    if step < cfg.steps:
-        return None
-    losses = [h["loss"] for h in logs if "loss" in h]
-    summary = {"base": str(model_dir), "train": asdict(cfg), "batch_layout": batch_layout(cfg.batch_size, grad_accum),
-               "layers": layers, "rank": rank,
-               "lora_parameters": n_params, "pvm_parameters": target_params,
-               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-               "log_history": logs}
-
-    sd = gather_state_dict(model)  # None unless FSDP-sharded
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, state_dict=sd)
-        write_json(tmp / SUMMARY_FILE, summary)
-
-    main_process_writes(atomic_save_dir, out, write)  # replaces ``out`` (and its checkpoints) in one rename
-    return summary
+    """Train a LoRA matched to the PVM that ``pvm_config`` would add (same layers, nearest size) on ``dataset``
+    (``Sample``s). ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
+    recipe = LoRARecipe(model_dir, dataset, pvm_config, cfg or LoRATrainConfig())
+    return run_recipe(recipe, out, stop_after, progress, grad_accum)
 
 
 def apply_lora(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     """The base ``model`` with the LoRA in ``directory`` merged into its weights (a plain HF model again)."""
-    from peft import PeftModel
+    from peft import PeftModel  # optional dependency (the `train` extra)
 
     directory = Path(directory)
     if not (directory / "adapter_config.json").is_file():

@@ -7,90 +7,49 @@ the gate at 0 the projections receive no gradient, so the gate has to move first
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..atomic import write_json
+from ..data import VLMCollator
+from ..models import load_checkpoint
 from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
+from ..pvm.attach import PREFIX
 from ..pvm.io import CONFIG_FILE
-from ..world.data import VLMCollator, VLMDataset, WorldSamples
-from ..world.distributed import batch_layout, main_process_writes, unshard_root
-from ..world.evaluate import load_vlm
-from ..world.train import StageConfig, run_trainer
+from .distributed import main_process_writes, unshard_root
+from .recipe import Recipe, run_recipe
+from .trainer import TrainOptions, _positive_float
 
 SUMMARY_FILE = "pvm_train.json"
 
 
-@dataclass
-class PVMTrainConfig:
+@dataclass(kw_only=True)
+class PVMTrainConfig(TrainOptions):
     steps: int = 600
     lr: float = 1e-3  # projections
     gate_lr: float = 1e-2  # the gate (our recipe: 10x)
     batch_size: int = 16
-    seed: int = 0
-    save_every: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("lr", "gate_lr"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        super().__post_init__()
+        self.gate_lr = _positive_float("gate_lr", self.gate_lr)
 
 
 def pvm_optimizer(model, lr: float, gate_lr: float) -> torch.optim.Optimizer:
     """AdamW over the PVM parameters: projections at ``lr``, gates at ``gate_lr`` without weight decay."""
-    gates = [p for n, p in model.named_parameters() if n.startswith("pvm.") and n.endswith(".gate")]
-    rest = [p for n, p in model.named_parameters() if n.startswith("pvm.") and not n.endswith(".gate")]
+    gates = [p for n, p in model.named_parameters() if n.startswith(PREFIX) and n.endswith(".gate")]
+    rest = [p for n, p in model.named_parameters() if n.startswith(PREFIX) and not n.endswith(".gate")]
     return torch.optim.AdamW([{"params": rest, "lr": lr}, {"params": gates, "lr": gate_lr, "weight_decay": 0.0}],
                              lr=lr)
 
 
-def train_pvm_sft(model_dir: str | os.PathLike, samples: WorldSamples, out: str | os.PathLike,
-                  pvm_config: PVMConfig | None = None, cfg: PVMTrainConfig | None = None,
-                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
-    """Attach PVM to the base in ``model_dir``, train it on ``samples``, write the adapter to ``out``.
-
-    Resumable (Trainer checkpoints under ``out/checkpoints``); returns the summary (gate values and
-    relative norms before / after), or None when ``stop_after`` ended the run early. ``cfg.batch_size``
-    is the global batch, split over the processes of ``accelerate launch`` and ``grad_accum`` steps;
-    only the main process writes.
-    """
-    out = Path(out)
-    if (out / SUMMARY_FILE).is_file() and (out / CONFIG_FILE).is_file():
-        return json.loads((out / SUMMARY_FILE).read_text())
-    cfg = cfg or PVMTrainConfig()
-    model, processor = load_vlm(model_dir)
-    torch.manual_seed(cfg.seed)
-    attach_pvm(model, pvm_config or PVMConfig())
-    for name, p in model.named_parameters():
-        p.requires_grad = name.startswith("pvm.")
-    data = VLMDataset(samples, VLMDataset.TASKS, cfg.seed, describe_repeats=3)
-    collate = VLMCollator(processor)
-    probe_batch = [collate([data[i] for i in range(min(8, len(data)))])]
-    model.eval()
-    before = pvm_report(model, probe_batch)
-    model.train()
-    logs, step = run_trainer(model, data, collate, StageConfig(cfg.steps, cfg.lr, cfg.batch_size),
-                             out / "checkpoints", cfg.seed, cfg.save_every, stop_after, progress,
-                             optimizer_fn=lambda m: pvm_optimizer(m, cfg.lr, cfg.gate_lr), grad_accum=grad_accum)
-    if step < cfg.steps:
-        return None
-    model.eval()
-    losses = [h["loss"] for h in logs if "loss" in h]
-    summary = {"base": str(model_dir), "pvm": (pvm_config or PVMConfig()).to_dict(), "train": asdict(cfg),
-               "batch_layout": batch_layout(cfg.batch_size, grad_accum),
-               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-               "before": before, "after": pvm_report(model, probe_batch), "log_history": logs}
-
-    publish_adapter(model, out, SUMMARY_FILE, summary)
-    return summary
+def report_batches(processor, items: list) -> list[dict]:
+    """The collated batch (the first eight items) on which the PVM report is measured before / after."""
+    return [VLMCollator(processor)(items[:8])]
 
 
 def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
@@ -105,3 +64,60 @@ def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
     main_process_writes(write)
+
+
+class PVMSFTRecipe(Recipe):
+    """Base model + a new PVM adapter; only ``pvm.*`` trains on ``dataset`` (``Sample``s)."""
+
+    summary_file = SUMMARY_FILE
+    marker_file = CONFIG_FILE
+
+    def __init__(self, model_dir, dataset, pvm_config: PVMConfig | None, options: PVMTrainConfig):
+        super().__init__(options)
+        self.model_dir, self.data, self.pvm_config = Path(model_dir), dataset, pvm_config or PVMConfig()
+
+    def load(self):
+        model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
+        torch.manual_seed(self.options.seed)
+        attach_pvm(model, self.pvm_config)
+        return model, processor
+
+    def trainable(self, name: str) -> bool:
+        return name.startswith(PREFIX)
+
+    def dataset(self, processor):
+        return self.data
+
+    def collator(self, processor):
+        return VLMCollator(processor)
+
+    def optimizer_fn(self):
+        return lambda m: pvm_optimizer(m, self.options.lr, self.options.gate_lr)
+
+    def _report_batches(self, processor):
+        return report_batches(processor, [self.data[i] for i in range(min(8, len(self.data)))])
+
+    def before(self, model, processor) -> dict:
+        model.eval()
+        return pvm_report(model, self._report_batches(processor))
+
+    def summarise(self, model, processor, logs):
+        return {"base": str(self.model_dir), "pvm": self.pvm_config.to_dict(),
+                "after": pvm_report(model, self._report_batches(processor))}
+
+    def publish(self, model, processor, out, summary):
+        publish_adapter(model, out, self.summary_file, summary)
+
+
+def train_pvm_sft(model_dir: str | os.PathLike, dataset, out: str | os.PathLike,
+                  pvm_config: PVMConfig | None = None, cfg: PVMTrainConfig | None = None,
+                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+    """Attach PVM to the base in ``model_dir``, train it on ``dataset`` (``Sample``s), write the adapter to ``out``.
+
+    Resumable (Trainer checkpoints under ``out/checkpoints``); returns the summary (gate values and
+    relative norms before / after), or None when ``stop_after`` ended the run early. ``cfg.batch_size``
+    is the global batch, split over the processes of ``accelerate launch`` and ``grad_accum`` steps;
+    only the main process writes.
+    """
+    recipe = PVMSFTRecipe(model_dir, dataset, pvm_config, cfg or PVMTrainConfig())
+    return run_recipe(recipe, out, stop_after, progress, grad_accum)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+import datasets
+
+from ..atomic import atomic_save_dir
 from .config import WorldConfig
 from .render import png_bytes, render
 from .scene import Scene, sample_scene
@@ -50,9 +51,8 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
     if out.exists():
         if not overwrite:
             raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         (tmp / IMAGES_DIR).mkdir()
         with open(tmp / SCENES_FILE, "w") as f:
             for scene in generate(config, n, seed, n_objects=n_objects):
@@ -62,12 +62,8 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
         meta = {"config": config.to_dict(), "seed": seed, "n": n, "n_objects": n_objects}
         (tmp / WORLD_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_save_dir(out, write)
     return out
 
 
@@ -108,8 +104,6 @@ def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
 def load_world(path: str | os.PathLike):
     """A ``datasets.Dataset`` with columns id, image (decoded PIL), scene (JSON text), description,
     caption, yes_no, open."""
-    import datasets
-
     _, records = read_world(path)
     rows = {
         "id": [r["id"] for r in records],

@@ -8,10 +8,11 @@ import math
 
 import torch
 
+from ..data import chat_example, padding_side
 from ..metrics import least_squares_slope
 from ..probes import LogitLens, VisualAttentionProbe
-from .data import WorldSamples, chat_example, padding_side
 from .evaluate import description_budget
+from .tasks import WorldSamples
 from .texts import DESCRIBE_PROMPT
 
 PROMPTS = {"blind-painter": DESCRIBE_PROMPT}

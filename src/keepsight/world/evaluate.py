@@ -3,21 +3,12 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..data import chat_example, padding_side
 from ..metrics import accuracy_by_index, chair, distinct_n, rep_n, repetition_ratio, slope, yes_no_scores
-from .data import WorldSamples, chat_example, padding_side
+from .tasks import WorldSamples
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
-
-
-def load_vlm(path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | str | None = None):
-    """Model + processor from a local directory: a world model (``keepsight world train`` / ``bridge train`` /
-    ``diffusion train``) or any supported Hugging Face checkpoint (``keepsight.checkpoint.load_checkpoint``)."""
-    from ..checkpoint import load_checkpoint
-
-    return load_checkpoint(path, dtype=dtype, device=device)
 
 
 def _encoded_batches(model, processor, prompts: list[str], images: list, batch_size: int, side: str):

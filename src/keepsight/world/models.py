@@ -1,8 +1,10 @@
-"""Tiny real Hugging Face VLMs, built from configs (never downloaded).
+"""Tiny real Hugging Face VLMs, built from configs (never downloaded), with the world's tokenizer ids.
 
 ``tiny-llava``: ``LlavaForConditionalGeneration`` = CLIP vision tower + 2-layer GELU projector + Qwen3
-text model. ``tiny-qwen3vl``: ``Qwen3VLForConditionalGeneration`` with a tiny vision tower and text
-model. Both use the world's tokenizer ids.
+text model. ``tiny-qwen3vl`` / ``tiny-qwen25vl``: ``Qwen3VLForConditionalGeneration`` /
+``Qwen2_5_VLForConditionalGeneration`` with a tiny vision tower and text model. ``build_llada_lm`` /
+``build_llada_v``: a tiny LLaDA (masked-diffusion) LM and a LLaDA-V-style VLM with a preset's sizes.
+A preset's ``arch`` is the architecture table's kind (``keepsight.models.arch``).
 """
 
 from __future__ import annotations
@@ -10,13 +12,26 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from transformers import (
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3Config,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+
+from ..models import LladaConfig, LladaForMaskedDiffusion, QwenImageProcessor, register_model_types
+from .processor import build_processor
 
 
 @dataclass(frozen=True)
 class TinyPreset:
     """Sizes of a tiny VLM. ``vision_*`` describe the tower, ``text_*`` the language model."""
 
-    arch: str  # "llava" | "qwen3vl" | "qwen2_5_vl"
+    arch: str  # the architecture kind: "llava" | "qwen3_vl" | "qwen2_5_vl"
     image_size: int = 64
     patch_size: int = 16  # = the default world's cell size: one patch token per grid cell
     vision_hidden: int = 96
@@ -36,7 +51,7 @@ class TinyPreset:
 PRESETS: dict[str, TinyPreset] = {
     "tiny-llava": TinyPreset(arch="llava"),
     "tiny-llava-6l": TinyPreset(arch="llava", text_layers=6),
-    "tiny-qwen3vl": TinyPreset(arch="qwen3vl", patch_size=8, vision_hidden=64, vision_layers=2),
+    "tiny-qwen3vl": TinyPreset(arch="qwen3_vl", patch_size=8, vision_hidden=64, vision_layers=2),
     "tiny-llava-p8": TinyPreset(arch="llava", patch_size=8),  # 65 image tokens (4 per cell)
     "tiny-qwen25vl": TinyPreset(arch="qwen2_5_vl", patch_size=8, vision_hidden=64, vision_layers=2),
 }
@@ -50,16 +65,12 @@ def get_preset(name: str) -> TinyPreset:
 
 def preset_processor(preset: str | TinyPreset):
     """The ``LlavaProcessor`` matching a LLaVA preset's image and patch size."""
-    from .processor import build_processor
-
     p = get_preset(preset) if isinstance(preset, str) else preset
     return build_processor(p.image_size, p.patch_size)
 
 
 def text_config(preset: TinyPreset, tokenizer):
     """The Qwen3 text config shared by the text-only LM and the VLM's language model."""
-    from transformers import Qwen3Config
-
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=preset.text_hidden,
@@ -77,8 +88,6 @@ def text_config(preset: TinyPreset, tokenizer):
 
 
 def vision_config(preset: TinyPreset):
-    from transformers import CLIPVisionConfig
-
     return CLIPVisionConfig(
         hidden_size=preset.vision_hidden,
         intermediate_size=preset.vision_hidden * 4,
@@ -94,8 +103,6 @@ def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.
     p = get_preset(preset) if isinstance(preset, str) else preset
     torch.manual_seed(seed)
     if p.arch == "llava":
-        from transformers import LlavaConfig, LlavaForConditionalGeneration
-
         cfg = LlavaConfig(
             vision_config=vision_config(p).to_dict(),
             text_config=text_config(p, tokenizer).to_dict(),
@@ -107,15 +114,8 @@ def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.
             tie_word_embeddings=False,
         )
         model = LlavaForConditionalGeneration(cfg)
-    elif p.arch in ("qwen3vl", "qwen2_5_vl"):
-        from transformers import (
-            Qwen2_5_VLConfig,
-            Qwen2_5_VLForConditionalGeneration,
-            Qwen3VLConfig,
-            Qwen3VLForConditionalGeneration,
-        )
-
-        qwen3 = p.arch == "qwen3vl"
+    elif p.arch in ("qwen3_vl", "qwen2_5_vl"):
+        qwen3 = p.arch == "qwen3_vl"
         tc = text_config(p, tokenizer).to_dict()
         tc["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": _mrope_section(p.text_hidden // p.text_heads)}
@@ -159,53 +159,51 @@ def _mrope_section(head_dim: int) -> list[int]:
 def qwen3vl_inputs(image_processor, tokenizer, prompts: list[str], images: list) -> dict:
     """Model inputs for ``tiny-qwen3vl`` / ``tiny-qwen25vl`` from prompts with a bare ``<image>`` per image:
     each becomes ``<vision_start> <image> <vision_end>`` (what Qwen's chat template writes), then
-    ``keepsight.checkpoint.QwenImageProcessor`` expands it to the patch count and adds
+    ``keepsight.models.QwenImageProcessor`` expands it to the patch count and adds
     ``mm_token_type_ids`` (``Qwen3VLProcessor`` itself needs torchvision for its video half)."""
-    from ..checkpoint import QwenImageProcessor
-
     texts = [p.replace("<image>", "<vision_start><image><vision_end>") for p in prompts]
     processor = QwenImageProcessor(image_processor, tokenizer, "<image>")
     return processor(text=texts, images=images, return_tensors="pt", padding=True)
 
 
-QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-VL templates write per image
+# ----------------------------------------------------------------------------- tiny masked-diffusion models
 
 
-def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0):
-    """Write a tiny random VLM directory laid out like a real Hugging Face checkpoint (weights, config,
-    tokenizer, image processor, chat template), for tests of the loaders: presets ``tiny-llava``,
-    ``tiny-qwen3vl``, ``tiny-qwen25vl``, and ``tiny-llada-v`` (a LLaDA-V-style masked-diffusion VLM).
-    Qwen directories hold a Qwen2-VL image processor and a template that brackets the image token with
-    vision start / end markers, as Qwen's do; no video processor (it needs torchvision)."""
-    from pathlib import Path
+def llada_text_config(tokenizer, preset: str | TinyPreset = "tiny-llava") -> LladaConfig:
+    """A ``LladaConfig`` with the sizes of a tiny preset's text model and ``tokenizer``'s ids."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    if tokenizer.mask_token_id is None:
+        raise ValueError("the tokenizer has no mask token; a masked-diffusion LM needs one")
+    return LladaConfig(
+        vocab_size=len(tokenizer), hidden_size=p.text_hidden, intermediate_size=p.text_intermediate,
+        num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, num_key_value_heads=p.text_kv_heads,
+        head_dim=p.text_hidden // p.text_heads, max_position_embeddings=p.max_positions, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+    )
 
-    from .processor import CHAT_TEMPLATE, build_processor
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if preset == "tiny-llada-v":
-        from ..diffusion import build_llada_v
-
-        processor = build_processor()
-        model = build_llada_v(processor, seed=seed)
-        model.save_pretrained(out)
-        processor.save_pretrained(out)
-        return out
-    p = get_preset(preset)
+def build_llada_lm(tokenizer, preset: str | TinyPreset = "tiny-llava", seed: int = 0) -> LladaForMaskedDiffusion:
+    """A randomly initialised text-only tiny LLaDA (deterministic by ``seed``)."""
     torch.manual_seed(seed)
-    if p.arch == "llava":
-        processor = preset_processor(p)
-        build_model(p, processor.tokenizer).save_pretrained(out)
-        processor.save_pretrained(out)
-        return out
-    from transformers import Qwen2VLImageProcessorPil
+    return LladaForMaskedDiffusion(llada_text_config(tokenizer, preset)).eval()
 
-    tok = build_processor().tokenizer
-    tok.chat_template = CHAT_TEMPLATE.replace(" <image>", QWEN_CHAT_TEMPLATE_IMAGE)
-    side = p.image_size
-    ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side, patch_size=p.patch_size,
-                                  merge_size=2, temporal_patch_size=2)
-    build_model(p, tok).save_pretrained(out)
-    tok.save_pretrained(out)
-    ip.save_pretrained(out)
-    return out
+
+def build_llada_v(processor, preset: str | TinyPreset = "tiny-llava", seed: int = 0) -> LlavaForConditionalGeneration:
+    """A tiny LLaDA-V-style VLM: HF ``LlavaForConditionalGeneration`` (CLIP tower, 2-layer GELU
+    projector) whose language model is a ``LladaModel``; sizes from a LLaVA preset."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    if p.arch != "llava":
+        raise ValueError(f"build_llada_v needs a LLaVA preset, got arch {p.arch!r}")
+    register_model_types()  # LlavaConfig resolves its "llada" text_config through the Auto classes
+    tok = processor.tokenizer
+    torch.manual_seed(seed)
+    cfg = LlavaConfig(
+        vision_config=vision_config(p).to_dict(), text_config=llada_text_config(tok, p).to_dict(),
+        image_token_id=tok.image_token_id, projector_hidden_act="gelu", vision_feature_select_strategy="full",
+        vision_feature_layer=-1, image_seq_length=(p.image_size // p.patch_size) ** 2 + 1, tie_word_embeddings=False,
+    )
+    model = LlavaForConditionalGeneration(cfg)
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    return model.eval()

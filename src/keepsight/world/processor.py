@@ -8,6 +8,7 @@ as a ``PreTrainedTokenizerFast``; both it and the processor round-trip through
 from __future__ import annotations
 
 from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
 
 from .texts import scene_vocabulary
 
@@ -39,8 +40,6 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer():
     """A ``PreTrainedTokenizerFast`` over every word the world can write, plus the special tokens."""
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for w in scene_vocabulary():
         vocab.setdefault(w, len(vocab))
@@ -64,8 +63,6 @@ def build_processor(image_size: int = 64, patch_size: int = 16, tokenizer=None):
     The vision tower keeps its CLS token (``vision_feature_select_strategy="full"``), so an image
     becomes ``(image_size // patch_size) ** 2 + 1`` image tokens.
     """
-    from transformers import CLIPImageProcessorPil, LlavaProcessor
-
     if image_size % patch_size:
         raise ValueError(f"image_size {image_size} must be a multiple of patch_size {patch_size}")
     image_processor = CLIPImageProcessorPil(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS, ParsedDescription, parse_description, place  # noqa: F401
-from .config import WorldConfig
+from .config import ALL_COLOURS, ALL_SCENES, ALL_SHAPES, ALL_SIZES, MAX_GRID, WorldConfig
 from .scene import Scene, SceneObject
 
 DESCRIBE_PROMPT = "describe the image in detail ."
@@ -124,8 +124,6 @@ def cell_questions(scene: Scene, config: WorldConfig, n: int = 4) -> list[dict]:
 
 def scene_vocabulary() -> list[str]:
     """Every word any text of any world can use (independent of the difficulty, so tokenizers are shared)."""
-    from .config import ALL_COLOURS, ALL_SCENES, ALL_SHAPES, ALL_SIZES, MAX_GRID
-
     words = set(NUMBER_WORDS) | set(ALL_SCENES) | set(ALL_SHAPES) | set(ALL_COLOURS) | set(ALL_SIZES)
     words |= {place(r, c) for r in range(MAX_GRID) for c in range(MAX_GRID)}
     for text in (DESCRIBE_PROMPT, CAPTION_PROMPT, "this is a scene . there are is one object objects with",

@@ -10,14 +10,17 @@ import os
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
 
 def process_rank() -> tuple[int, int]:
     """(rank, world size) of this process: from torch.distributed once it is initialised, else from the
     launcher's environment (``accelerate launch`` / torchrun set ``RANK`` and ``WORLD_SIZE``); (0, 1) alone."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -29,8 +32,6 @@ def is_main_process() -> bool:
 
 def wait_for_everyone() -> None:
     """Barrier across the processes of a distributed run (no-op in a single process)."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
@@ -40,8 +41,6 @@ def main_process_writes(write, *args) -> None:
     the others wait for it, so that every process can read the result afterwards. If the main process's
     write fails, it raises that error and every other process raises a RuntimeError saying so (instead
     of failing later on a missing file)."""
-    import torch.distributed as dist
-
     error = None
     if is_main_process():
         try:
@@ -58,8 +57,6 @@ def main_process_writes(write, *args) -> None:
 
 
 def _fsdp_sharded(model: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -70,8 +67,6 @@ def gather_state_dict(root: nn.Module, prefix: str = "") -> dict | None:
     whole (1 process, DDP, ZeRO-2): ``save_pretrained(state_dict=None)`` then reads the model itself."""
     if not _fsdp_sharded(root):
         return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     sd = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
@@ -80,8 +75,6 @@ def unshard_root(model: nn.Module) -> None:
     """For saving after FSDP2 training; call it on every process. Gathers the root FSDP group (everything
     not inside an auto-wrapped layer, e.g. the PVM branches under ``model.pvm``): until the next forward,
     ``model.named_parameters()`` then yields whole tensors there. No-op without FSDP2."""
-    from torch.distributed.fsdp import FSDPModule
-
     if isinstance(model, FSDPModule):
         model.unshard()
 
@@ -103,7 +96,7 @@ def fsdp_wrap_classes(model: nn.Module) -> list[str]:
     return sorted(declared & present)
 
 
-def _set_fsdp_wrap(model: nn.Module) -> None:
+def set_fsdp_wrap(model: nn.Module) -> None:
     """Under ``accelerate launch --config_file configs/accelerate/fsdp.yaml`` (which names no classes),
     point the FSDP plugin (built from the environment when the Trainer creates its Accelerator) at this
     model's layer classes; a class list given in the accelerate config wins."""
@@ -177,8 +170,6 @@ def length_grouped_sampler(lengths, global_batch: int, seed: int):
     DataLoader's base seed) then one permutation. Epoch e's order is recomputed from the start of that
     stream, so it is the same on every rank and after a resume; single-process runs of the world stages
     reproduce the orders (and models) of earlier keepsight versions."""
-    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
-
     class EpochLengthGroupedSampler(LengthGroupedSampler):
         def __init__(self):
             super().__init__(global_batch, lengths=list(lengths))

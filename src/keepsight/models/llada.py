@@ -4,9 +4,10 @@ LLaDA is the LLaMA architecture with fully bidirectional attention (no causal ma
 masked) and no KV cache: every denoising step is one full forward over prompt + generation slots.
 ``LladaModel`` is ``LlamaModel`` with ``is_causal = False`` on every attention module and a padding-only
 mask; ``LladaForMaskedDiffusion`` adds the untied ``lm_head`` (logits at position t predict the token
-*at* t, no shift). Importing ``keepsight.diffusion`` registers ``model_type = "llada"`` with
-``AutoConfig``, ``AutoModel`` (so a ``LlavaForConditionalGeneration`` whose ``text_config`` is a
-``LladaConfig`` builds a ``LladaModel`` as its language model) and ``AutoModelForCausalLM``.
+*at* t, no shift). ``keepsight.models.register_model_types()`` (called by the loader and the tiny
+builders) registers ``model_type = "llada"`` with ``AutoConfig``, ``AutoModel`` (so a
+``LlavaForConditionalGeneration`` whose ``text_config`` is a ``LladaConfig`` builds a ``LladaModel`` as its
+language model) and ``AutoModelForCausalLM``.
 
 Checkpoint names (SPEC section E). ``CHECKPOINT_KEY_MAP`` maps source names to ours, first match wins:
 
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub.dataclasses import strict
+from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -52,6 +54,8 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaModel,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
 )
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -131,57 +135,11 @@ class LladaForMaskedDiffusion(LlamaForCausalLM):
                                       attentions=out.attentions)
 
 
-AutoConfig.register("llada", LladaConfig, exist_ok=True)
-AutoModel.register(LladaConfig, LladaModel, exist_ok=True)
-AutoModelForCausalLM.register(LladaConfig, LladaForMaskedDiffusion, exist_ok=True)
-
-
-# ----------------------------------------------------------------------------- tiny builders
-
-
-def llada_text_config(tokenizer, preset="tiny-llava") -> LladaConfig:
-    """A ``LladaConfig`` with the sizes of a keepsight tiny preset's text model and ``tokenizer``'s ids."""
-    from keepsight.world.models import get_preset
-
-    p = get_preset(preset) if isinstance(preset, str) else preset
-    if tokenizer.mask_token_id is None:
-        raise ValueError("the tokenizer has no mask token; a masked-diffusion LM needs one")
-    return LladaConfig(
-        vocab_size=len(tokenizer), hidden_size=p.text_hidden, intermediate_size=p.text_intermediate,
-        num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, num_key_value_heads=p.text_kv_heads,
-        head_dim=p.text_hidden // p.text_heads, max_position_embeddings=p.max_positions, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        mask_token_id=tokenizer.mask_token_id,
-    )
-
-
-def build_llada_lm(tokenizer, preset="tiny-llava", seed: int = 0) -> LladaForMaskedDiffusion:
-    """A randomly initialised text-only tiny LLaDA (deterministic by ``seed``)."""
-    torch.manual_seed(seed)
-    return LladaForMaskedDiffusion(llada_text_config(tokenizer, preset)).eval()
-
-
-def build_llada_v(processor, preset="tiny-llava", seed: int = 0):
-    """A tiny LLaDA-V-style VLM: HF ``LlavaForConditionalGeneration`` (CLIP tower, 2-layer GELU
-    projector) whose language model is a ``LladaModel``; sizes from a keepsight LLaVA preset."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-    from keepsight.world.models import get_preset, vision_config
-
-    p = get_preset(preset) if isinstance(preset, str) else preset
-    if p.arch != "llava":
-        raise ValueError(f"build_llada_v needs a LLaVA preset, got arch {p.arch!r}")
-    tok = processor.tokenizer
-    torch.manual_seed(seed)
-    cfg = LlavaConfig(
-        vision_config=vision_config(p).to_dict(), text_config=llada_text_config(tok, p).to_dict(),
-        image_token_id=tok.image_token_id, projector_hidden_act="gelu", vision_feature_select_strategy="full",
-        vision_feature_layer=-1, image_seq_length=(p.image_size // p.patch_size) ** 2 + 1, tie_word_embeddings=False,
-    )
-    model = LlavaForConditionalGeneration(cfg)
-    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        setattr(model.generation_config, key, getattr(tok, key))
-    return model.eval()
+def register_llada() -> None:
+    """Register ``model_type = "llada"`` with transformers' Auto classes (idempotent; see the module doc)."""
+    AutoConfig.register("llada", LladaConfig, exist_ok=True)
+    AutoModel.register(LladaConfig, LladaModel, exist_ok=True)
+    AutoModelForCausalLM.register(LladaConfig, LladaForMaskedDiffusion, exist_ok=True)
 
 
 # ----------------------------------------------------------------------------- checkpoint loading
@@ -270,8 +228,6 @@ def llada_config_from_olmo(d: dict) -> LladaConfig:
 
 
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {directory}")
@@ -293,8 +249,7 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
     OLMo-style LLaDA config (it has ``d_model``) is converted with ``llada_config_from_olmo``. LLaDA-V's
     own ``llava_llada`` config names its vision tower by hub id only - pass ``config`` for it.
     """
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
+    register_llada()
     directory = Path(directory)
     if config is None:
         path = directory / "config.json"
@@ -321,15 +276,3 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
         model = model.to(dtype)
     load_mapped_state(model, _read_safetensors(directory), target, drop)
     return model.eval()
-
-
-def decoder_stack(model: torch.nn.Module) -> torch.nn.Module:
-    """The text decoder stack (``.layers``, ``.norm``, ``.rotary_emb``, ``.embed_tokens``) of a LLaVA
-    (``model.language_model``), a ``*ForCausalLM`` / ``LladaForMaskedDiffusion`` (``model``) or a bare stack."""
-    for path in ("model.language_model", "model", ""):
-        obj = model
-        for part in filter(None, path.split(".")):
-            obj = getattr(obj, part, None)
-        if isinstance(getattr(obj, "layers", None), torch.nn.ModuleList) and hasattr(obj, "rotary_emb"):
-            return obj
-    raise ValueError(f"cannot find a text decoder stack (with .layers and .rotary_emb) in {type(model).__name__}")

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models.arch import decoder_stack
 from ..ops.rope import apply_rotary
-from .model import decoder_stack
 
 KINDS = ("visual", "mask", "generated", "prompt", "self")
 PROFILE_KINDS = ("visual", "mask")

@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..atomic import write_json
+from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``eval`` (subcommands under ``eval_command``) with its ``chair`` subcommand; return ``eval``."""
@@ -48,9 +51,6 @@ def format_table(result: dict) -> str:
 
 
 def run(args) -> int:
-    from ..atomic import write_json
-    from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
-
     captions = read_captions_jsonl(args.captions)
     gt = load_coco_ground_truth(args.coco, image_ids={c["image_id"] for c in captions})
     result = coco_chair(captions, gt)

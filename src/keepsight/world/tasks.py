@@ -1,18 +1,16 @@
-"""Training examples and collators for the staged build of a world VLM.
-
-Examples are plain dicts; collators turn a list of them into model inputs with the real tokenizer and
-processor. Labels cover only the assistant's answer (and its end-of-sequence token).
-"""
+"""The world as a data source: scenes with their images, and the task datasets built from them (text-only
+descriptions for the language-model stage, per-cell targets for the vision stage, and ``Sample``s of
+descriptions, captions, yes/no, open and grounding questions for every VLM recipe)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
+from ..data import IGNORE_INDEX, Sample
 from .config import WorldConfig
 from .render import render
 from .scene import Scene
@@ -25,8 +23,6 @@ from .texts import (
     open_questions,
     yes_no_questions,
 )
-
-IGNORE_INDEX = -100
 
 
 @dataclass
@@ -55,30 +51,6 @@ class WorldSamples:
         return len(self.scenes)
 
 
-def user_message(prompt: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-
-
-@contextmanager
-def padding_side(tokenizer, side: str):
-    """Pad on ``side`` ("left" for generation, "right" for training) inside the block."""
-    old = tokenizer.padding_side
-    tokenizer.padding_side = side
-    try:
-        yield
-    finally:
-        tokenizer.padding_side = old
-
-
-def chat_example(processor, prompt: str, answer: str | None = None) -> str:
-    """Chat-template text for one turn; with ``answer`` the assistant turn (and eos) is included."""
-    msgs = user_message(prompt)
-    if answer is None:
-        return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
-    return processor.apply_chat_template(msgs, tokenize=False)
-
-
 # ----------------------------------------------------------------------------- text-only LM
 
 
@@ -95,19 +67,6 @@ class TextDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"text": self.texts[i]}
-
-
-@dataclass
-class TextCollator:
-    tokenizer: object
-
-    def __call__(self, batch: list[dict]) -> dict:
-        tok = self.tokenizer
-        texts = [f"{tok.bos_token} {b['text']} {tok.eos_token}" for b in batch]
-        enc = tok(texts, return_tensors="pt", padding=True)
-        labels = enc["input_ids"].clone()
-        labels[enc["attention_mask"] == 0] = IGNORE_INDEX
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
 
 
 # ----------------------------------------------------------------------------- vision tower
@@ -158,7 +117,7 @@ class VisionCollator:
 
 
 class VLMDataset(torch.utils.data.Dataset):
-    """(image, prompt, answer) triples. ``mix`` picks which tasks each scene contributes:
+    """(image, prompt, answer) ``Sample``s. ``mix`` picks which tasks each scene contributes:
     "describe", "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories
     drawn per scene), "open" (one), "cells" (four "what is at b3 ?" grounding questions).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
@@ -196,51 +155,17 @@ class VLMDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> Sample:
         k, prompt, answer = self.items[i]
-        return {"image": self.samples.images[k], "prompt": prompt, "answer": answer}
+        return Sample.single_turn(prompt, answer, self.samples.images[k], id=self.samples.scenes[k].id)
 
 
-@dataclass
-class VLMCollator:
-    """Chat-formatted, right-padded batches; labels only on the assistant's answer (and what the chat
-    template closes it with: eos here, ``<|im_end|>`` in Qwen's). The answer starts where the prompt
-    rendered with ``add_generation_prompt=True`` ends, so any chat template that renders the prompt as
-    a prefix of the whole turn works (the world's, Qwen-VL's, LLaVA's); one that does not is an error."""
-
-    processor: object
-
-    def __call__(self, batch: list[dict]) -> dict:
-        proc = self.processor
-        tok = proc.tokenizer
-        images = [b["image"] for b in batch]
-        texts = [chat_example(proc, b["prompt"], b["answer"]) for b in batch]
-        prompts = [chat_example(proc, b["prompt"]) for b in batch]
-        with padding_side(tok, "right"):
-            enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
-            penc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
-        starts = penc["attention_mask"].sum(1)  # [B] prompt tokens per row (right padding)
-        ids = enc["input_ids"]  # [B, T]
-        for b, n in enumerate(starts.tolist()):
-            if n >= int(enc["attention_mask"][b].sum()) or not torch.equal(ids[b, :n], penc["input_ids"][b, :n]):
-                raise ValueError(f"row {b}: the chat template does not render the prompt as a prefix of the "
-                                 "whole turn; cannot tell the answer's tokens")
-        labels = ids.clone()
-        labels[torch.arange(ids.shape[1])[None] < starts[:, None]] = IGNORE_INDEX
-        labels[enc["attention_mask"] == 0] = IGNORE_INDEX
-        enc["labels"] = labels
-        return dict(enc)
+def instruct_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:
+    """The instruction mix the method recipes train on (PVM stage 1, the LoRA control, bridge phase 2): every
+    task, each description three times (with length-grouped batches about a quarter of the steps)."""
+    return VLMDataset(samples, VLMDataset.TASKS, seed, describe_repeats=3)
 
 
-def answer_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor, tokenizer) -> torch.Tensor:
-    """Labels [B, T]: the input ids after the last "assistant :" marker; IGNORE_INDEX elsewhere."""
-    marker = tokenizer.convert_tokens_to_ids("assistant")
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    for b in range(input_ids.shape[0]):
-        pos = (input_ids[b] == marker).nonzero()
-        if len(pos) == 0:
-            raise ValueError(f"row {b} has no assistant turn; cannot build labels")
-        start = int(pos[-1]) + 2  # skip "assistant" and ":"
-        labels[b, start:] = input_ids[b, start:]
-    labels[attention_mask == 0] = IGNORE_INDEX
-    return labels
+def caption_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:
+    """Descriptions and captions (the alignment stage's and a bridge's phase 1)."""
+    return VLMDataset(samples, ("describe", "caption"), seed)

@@ -1,0 +1,32 @@
+"""``keepsight bench NAME``: benchmarks (a printed table + JSON under ``--out``)."""
+
+from __future__ import annotations
+
+from ..bench import bridge_memory, diffusion, needle, probe_overhead, pvm_decode, scan
+
+# name -> run(args): each benchmark takes the options it uses
+BENCHMARKS = {
+    "probe-overhead": lambda a: probe_overhead.run(a.out, batch=a.batch, new_tokens=a.new_tokens, repeats=a.repeats),
+    "pvm-decode": lambda a: pvm_decode.run(a.out, batch=a.batch, new_tokens=a.new_tokens, repeats=a.repeats),
+    "bridge-memory": lambda a: bridge_memory.run(a.out, mem_limit_gib=a.mem_limit_gib),
+    "needle": lambda a: needle.run(a.out),
+    "scan": lambda a: scan.run(a.out),
+    "diffusion": lambda a: diffusion.run(a.out, repeats=a.repeats),
+}
+
+
+def add_parser(sub) -> None:
+    bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
+    bn.add_argument("name", choices=list(BENCHMARKS))
+    bn.add_argument("--out", default="runs/bench")
+    bn.add_argument("--batch", type=int, default=8)
+    bn.add_argument("--new-tokens", type=int, default=128)
+    bn.add_argument("--repeats", type=int, default=3)
+    bn.add_argument("--mem-limit-gib", type=float, default=16.0, help="bridge-memory: skip configurations "
+                    "predicted to need more")
+    bn.set_defaults(func=run)
+
+
+def run(args) -> int:
+    BENCHMARKS[args.name](args)
+    return 0

@@ -1,0 +1,38 @@
+"""``keepsight lora train``: the parameter-matched LoRA control for PVM on world data."""
+
+from __future__ import annotations
+
+from ..pvm import PVMConfig
+from ..train.lora_control import LoRATrainConfig, train_lora_control
+from ..world.tasks import instruct_data
+from .options import print_stopped, read_samples, training_args
+
+
+def add_parser(sub) -> None:
+    lo = sub.add_parser("lora", help="the parameter-matched LoRA control for PVM").add_subparsers(
+        dest="lora_command", required=True)
+    lt = lo.add_parser("train", help="train a LoRA with PVM's layers and (nearest) parameter count")
+    lt.add_argument("--model", required=True, help="base model directory")
+    lt.add_argument("--data", required=True, help="a world directory")
+    lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
+    lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
+    lt.add_argument("--latent-dim", type=int, help="the PVM d' to match (default: hidden / 4)")
+    lt.add_argument("--steps", type=int, default=600)
+    lt.add_argument("--lr", type=float, default=1e-3)
+    lt.add_argument("--batch-size", type=int, default=16)
+    lt.add_argument("--seed", type=int, default=0)
+    training_args(lt)
+    lt.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    pvm_cfg = PVMConfig(layers=args.layers or "strided", latent_dim=args.latent_dim)
+    cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
+    summary = train_lora_control(args.model, instruct_data(read_samples(args.data), args.seed), args.out, pvm_cfg,
+                                 cfg, stop_after=args.stop_after, grad_accum=args.grad_accum)
+    if summary is None:
+        return print_stopped(args.stop_after)
+    print(f"LoRA rank {summary['rank']} on layers {summary['layers']}: {summary['lora_parameters']} parameters "
+          f"(PVM: {summary['pvm_parameters']}); loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; "
+          f"adapter in {args.out}")
+    return 0

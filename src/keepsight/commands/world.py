@@ -1,0 +1,112 @@
+"""``keepsight world build | train | eval``: the synthetic world, its base model, and scoring on it."""
+
+from __future__ import annotations
+
+from ..atomic import write_json
+from ..models import load_checkpoint
+from ..pvm import load_pvm
+from ..train.lora_control import apply_lora
+from ..world.base import STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
+from ..world.dataset import build_world, generate
+from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+from ..world.tasks import WorldSamples
+from .options import placement_args, read_samples, training_args, world_args, world_from_args
+
+
+def add_parser(sub) -> None:
+    world = sub.add_parser("world", help="the synthetic world").add_subparsers(dest="world_command", required=True)
+    b = world.add_parser("build", help="write scenes as PNG + JSONL")
+    b.add_argument("--out", required=True)
+    b.add_argument("--n", type=int, required=True, help="number of scenes")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--objects", type=int, help="fix the object count of every scene")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    world_args(b)
+    b.set_defaults(func=run_build)
+
+    t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct)")
+    t.add_argument("--preset", default="tiny-llava")
+    t.add_argument("--out", required=True)
+    t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
+    t.add_argument("--n", type=int, default=4000, help="training scenes when --data is not given")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--stage", default="all", choices=["all", *STAGES])
+    t.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's step count")
+    t.add_argument("--batch-size", type=int, help="override every stage's batch size")
+    training_args(t)
+    world_args(t)
+    t.set_defaults(func=run_train)
+
+    e = world.add_parser("eval", help="score a trained model on a world directory")
+    e.add_argument("--model", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
+    e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
+    e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
+    e.add_argument("--out", help="write the scores as JSON here")
+    placement_args(e)
+    e.set_defaults(func=run_eval)
+
+
+def run_build(args) -> int:
+    path = build_world(args.out, world_from_args(args), args.n, seed=args.seed, n_objects=args.objects,
+                       overwrite=args.overwrite)
+    print(f"wrote {args.n} scenes to {path}")
+    return 0
+
+
+def run_train(args) -> int:
+    if args.data:
+        samples = read_samples(args.data)
+    else:
+        cfg = world_from_args(args)
+        samples = WorldSamples.from_scenes(cfg, generate(cfg, args.n, seed=args.seed))
+    tc = TrainConfig(preset=args.preset, seed=args.seed)
+    for stage in STAGES:
+        st = getattr(tc, stage)
+        st.steps = max(1, round(st.steps * args.steps_scale))
+        if args.batch_size:
+            st.batch_size = args.batch_size
+    if args.stage == "all" and args.stop_after is None:
+        summaries = train_base(args.out, tc, samples, grad_accum=args.grad_accum)
+    else:
+        summaries = {}
+        for s in STAGES if args.stage == "all" else (args.stage,):
+            summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after,
+                                       grad_accum=args.grad_accum)
+            if summaries[s] is None:
+                print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
+                return 0
+        if all(stage_done(args.out, s) for s in STAGES):
+            finalize(args.out)
+    for s, v in summaries.items():
+        if v:
+            print(f"{s:9s} loss {v['first_loss']:.4f} -> {v['last_loss']:.4f}")
+    return 0
+
+
+def run_eval(args) -> int:
+    samples = read_samples(args.data, args.limit)
+    model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
+    if args.pvm and args.lora:
+        raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
+    if args.pvm:
+        load_pvm(model, args.pvm)
+    if args.lora:
+        model = apply_lora(model, args.lora)
+    yn, _ = evaluate_yes_no(model, processor, samples)
+    res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
+           "descriptions": evaluate_descriptions(model, processor, samples)}
+    for c, v in yn["categories"].items():
+        print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
+    ch = res["descriptions"]["chair"]
+    print(f"CHAIRi {ch['chair_i']:.3f} CHAIRs {ch['chair_s']:.3f} object recall {ch['object_recall']:.3f} "
+          f"exact recall {ch['exact_recall']:.3f}")
+    rows = res["descriptions"]["by_index"]
+    print("colour by index: " + " ".join(f"{r['colour']:.2f}" for r in rows))
+    print("counter-prior colour by index: " + " ".join("-" if r["colour_counter_prior"] is None
+                                                       else f"{r['colour_counter_prior']:.2f}" for r in rows))
+    if args.out:
+        write_json(args.out, res)
+    return 0
+

@@ -1,0 +1,114 @@
+"""Settings of the two training-free fixes (SPEC section C), with the papers' defaults in one place.
+
+Every consumer (``MaskPriorSuppression``, ``MonotonicRoPEScaling``, the demo's diffusion experiment, the
+lmms-eval model) takes its defaults from these classes. ``PAPER`` names the fields whose defaults are the
+paper's own numbers (LLaDA-V's); the others are our readings of what the paper leaves open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..ops.rope import SCHEDULES
+
+PRIORS = ("vocab_mean", "topk", "random")
+MODES = ("amplitude", "frequency")
+SEGMENTS = ("visual", "prompt", "generation")
+
+
+def _number(name: str, value, *, low: float | None = None, high: float | None = None, integer: bool = False):
+    """``value`` as a finite int / float within [low, high]; a ValueError naming ``name`` otherwise."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    value = int(value) if integer else float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if low is not None and value < low or high is not None and value > high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+    return value
+
+
+class _PaperDefaults:
+    PAPER: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def paper_defaults(cls) -> dict:
+        """The paper's numbers: ``{field: default}`` for the fields in ``PAPER``."""
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        return {name: fields[name] for name in cls.PAPER}
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in d.items()}
+
+
+@dataclass
+class MPSConfig(_PaperDefaults):
+    """Mask Prior Suppression (see ``keepsight.diffusion.mps``)."""
+
+    PAPER: ClassVar[tuple[str, ...]] = ("k", "lam")
+
+    k: int = 3  # principal directions of the prior subspace (paper: 3)
+    lam: float = 0.1  # share of the prior component removed (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)
+    layers: str | list[int] = "final"  # decoder layers whose output is suppressed ("final" or indices)
+    prior: str = "vocab_mean"  # prior direction: vocab_mean | topk | random (the paper's ablation)
+    center: bool = False  # ours: subtract the layer mean before projecting
+    n_prior_tokens: int = 100  # prior="topk": tokens averaged
+    seed: int = 0  # prior="random": the Gaussian basis
+
+    def __post_init__(self) -> None:
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        self.k = _number("k", self.k, low=1, integer=True)
+        self.lam = _number("lam", self.lam, low=0.0, high=1.0)
+        if isinstance(self.layers, str):
+            if self.layers != "final":
+                raise ValueError(f"layers must be 'final' or a non-empty list of layer indices, got {self.layers!r}")
+        else:
+            try:
+                self.layers = [_number("layers", i, integer=True) for i in self.layers]
+            except TypeError:
+                raise ValueError(f"layers must be 'final' or a list of layer indices, got {self.layers!r}") from None
+            if not self.layers:
+                raise ValueError("layers must be 'final' or a non-empty list of layer indices, got []")
+        if not isinstance(self.center, bool):
+            raise ValueError(f"center must be true or false, got {self.center!r}")
+        self.n_prior_tokens = _number("n_prior_tokens", self.n_prior_tokens, low=1, integer=True)
+        self.seed = _number("seed", self.seed, low=0, integer=True)
+
+
+@dataclass
+class MRSConfig(_PaperDefaults):
+    """Monotonic RoPE Scaling (see ``keepsight.diffusion.mrs``)."""
+
+    PAPER: ClassVar[tuple[str, ...]] = ("beta", "eta", "tau0")
+
+    beta: float = 0.01  # gain strength, g_i = 1 + beta * s(tau_i) (paper: 0.01)
+    eta: float = 8.0  # schedule steepness (paper: 8 for LLaDA-V, 12 for LaViDa)
+    tau0: float = 0.6  # sigmoid midpoint (paper: 0.6)
+    schedule: str = "sigmoid"  # sigmoid | cosine | exponential | linear | power (the paper's Table 18)
+    mode: str = "amplitude"  # ours: amplitude (scale each pair's logit part) | frequency (divide inv_freq)
+    segments: str | Iterable[str] = "all"  # tokens scaled: "all" or a subset of visual / prompt / generation
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        self.beta = _number("beta", self.beta, low=0.0, high=100.0)  # larger gains overflow the logits
+        self.eta = _number("eta", self.eta, low=0.0, high=1e3)
+        self.tau0 = _number("tau0", self.tau0, low=0.0, high=1.0)
+        if self.schedule in ("sigmoid", "power") and self.eta <= 0:
+            raise ValueError(f"the {self.schedule} schedule needs eta > 0, got {self.eta}")
+        if self.segments != "all":
+            segs = frozenset([self.segments] if isinstance(self.segments, str) else self.segments)
+            bad = sorted(segs - set(SEGMENTS))
+            if bad or not segs:
+                raise ValueError(f"segments must be 'all' or a non-empty subset of {SEGMENTS}, got {sorted(segs)}")
+            self.segments = "all" if segs == set(SEGMENTS) else segs

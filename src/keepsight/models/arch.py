@@ -1,0 +1,189 @@
+"""The one architecture table: what keepsight knows about each model type it supports.
+
+Every per-architecture difference lives here, read by the loader (``models.checkpoint``), the probes, PVM,
+MPS / MRS and the lmms-eval model. An unknown architecture is a clear error naming the supported ones,
+never a silent guess.
+
+A *kind* is transformers' ``model_type`` where that names the architecture, else ours: ``llada_v`` is a
+``llava`` config whose ``text_config`` is a ``llada`` model (LLaDA-V as ``save_pretrained`` writes it),
+``llada_lm`` a text-only LLaDA (``llada``, or the original OLMo-style config with ``d_model``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torch import nn
+
+FAMILIES = ("autoregressive", "diffusion", "text")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One row of the table."""
+
+    kind: str
+    family: str  # "autoregressive" VLM | "diffusion" (masked-diffusion LM / VLM) | "text" (a plain RoPE LM)
+    decoder: str  # attribute path from the top model to the text decoder stack (.layers, .norm, .rotary_emb)
+    vlm: bool = True  # has a vision tower and an image token
+    ffn: str = "mlp"  # FFN attribute of a decoder layer (PVM adds its branch to this module's output)
+    projector: str | None = None  # attribute path of the vision -> LLM projector / merger
+    projector_swappable: bool = False  # ``keepsight.bridge.replace_projector`` can replace it
+    processor_fallback: str | None = None  # "qwen_image": image-only processor when AutoProcessor needs torchvision
+    loadable: bool = True  # ``load_checkpoint`` reads a directory of this kind
+    note: str = ""  # shown when a directory of this kind cannot be loaded
+
+
+_ROWS = (
+    ArchSpec("llava", "autoregressive", "model.language_model", projector="model.multi_modal_projector",
+             projector_swappable=True),
+    ArchSpec("keepsight_llava", "autoregressive", "model.language_model", projector="model.multi_modal_projector",
+             projector_swappable=True),  # a LLaVA whose projector keepsight replaced (keepsight.bridge)
+    ArchSpec("qwen3_vl", "autoregressive", "model.language_model", projector="model.visual.merger",
+             processor_fallback="qwen_image"),
+    ArchSpec("qwen2_5_vl", "autoregressive", "model.language_model", projector="model.visual.merger",
+             processor_fallback="qwen_image"),
+    ArchSpec("llada_v", "diffusion", "model.language_model", projector="model.multi_modal_projector"),
+    ArchSpec("llada_lm", "diffusion", "model", vlm=False),
+    ArchSpec("llava_llada", "diffusion", "model.language_model", projector="model.mm_projector", loadable=False,
+             note="LLaDA-V's own llava_llada config names its vision tower by hub id only; load it with "
+                  "keepsight.models.load_llada_v(dir, config=LlavaConfig(...)) and save_pretrained it with its "
+                  "processor"),
+    # plain RoPE language models: MRS and the NTK / YaRN baselines run on them; the loader refuses them
+    ArchSpec("qwen3", "text", "model", vlm=False, loadable=False),
+    ArchSpec("llama", "text", "model", vlm=False, loadable=False),
+)
+ARCHITECTURES: dict[str, ArchSpec] = {row.kind: row for row in _ROWS}
+AUTOREGRESSIVE = tuple(k for k, r in ARCHITECTURES.items() if r.family == "autoregressive")
+DIFFUSION = tuple(k for k, r in ARCHITECTURES.items() if r.family == "diffusion")
+LOADABLE = tuple(k for k, r in ARCHITECTURES.items() if r.loadable)
+
+
+def supported() -> str:
+    return (f"keepsight supports the VLMs {', '.join(AUTOREGRESSIVE)} and LLaDA-V-style diffusion VLMs "
+            "(llava with a llada text_config, or LLaDA / LLaDA-V checkpoint layouts)")
+
+
+def _get(config, key: str, default=None):
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def kind_of(config) -> str:
+    """The kind of a model config (a ``PretrainedConfig`` or a ``config.json`` dict); unknown -> ValueError."""
+    model_type = _get(config, "model_type")
+    if model_type in (None, "llada") and _get(config, "d_model") is not None:
+        return "llada_lm"  # OLMo-style LLaDA config
+    if model_type == "llada":
+        return "llada_lm"
+    if model_type == "llava" and _get(_get(config, "text_config") or {}, "model_type") == "llada":
+        return "llada_v"
+    if model_type in ARCHITECTURES:
+        return model_type
+    raise ValueError(f"unsupported architecture model_type={model_type!r}; {supported()}")
+
+
+def arch_spec(model_or_kind) -> ArchSpec:
+    """The table row of a kind name, a config, or a model."""
+    if isinstance(model_or_kind, str):
+        if model_or_kind not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {model_or_kind!r}; {supported()}")
+        return ARCHITECTURES[model_or_kind]
+    config = getattr(model_or_kind, "config", model_or_kind)
+    return ARCHITECTURES[kind_of(config)]
+
+
+def image_token_id(config) -> int | None:
+    """The image token id a VLM config names (``image_token_id`` or LLaVA's older ``image_token_index``)."""
+    value = _get(config, "image_token_id")
+    if value is None:
+        value = _get(config, "image_token_index")
+    return None if value is None else int(value)
+
+
+def _follow(model: nn.Module, path: str) -> nn.Module:
+    obj = model
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_stack(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "layers", None), nn.ModuleList) and hasattr(module, "rotary_emb")
+
+
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The text decoder stack (``.layers``, ``.norm``, ``.rotary_emb``, ``.embed_tokens``) of any model in the
+    table, or ``model`` itself when it is a bare stack (``LladaModel``, ``Qwen3Model``)."""
+    if _is_stack(model):
+        return model
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no config; cannot tell its architecture")
+    spec = arch_spec(config)
+    stack = _follow(model, spec.decoder)
+    if not _is_stack(stack):
+        raise ValueError(f"{type(model).__name__} ({spec.kind}): {spec.decoder} is not a decoder stack")
+    return stack
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """Where an autoregressive VLM keeps the parts keepsight hooks."""
+
+    spec: ArchSpec
+    language_model: nn.Module  # the decoder stack (has .layers, .norm, .config)
+    layers: nn.ModuleList  # decoder layers, in order
+    final_norm: nn.Module  # norm applied before lm_head
+    lm_head: nn.Module
+    image_token_id: int
+
+    @property
+    def model_type(self) -> str:
+        return self.spec.kind
+
+    def ffn(self, layer: int) -> nn.Module:
+        """The FFN module of decoder layer ``layer``."""
+        return getattr(self.layers[layer], self.spec.ffn)
+
+
+def arch_info(model: nn.Module) -> ArchInfo:
+    """Decoder layers, final norm, lm_head and image token id of a supported autoregressive VLM (what the
+    attention probe, LogitLens, PVM and the LoRA control hook); other families are refused by name."""
+    config = getattr(model, "config", None)
+    try:
+        spec = arch_spec(config)
+    except ValueError:
+        raise ValueError(f"unsupported architecture {getattr(config, 'model_type', None)!r} "
+                         f"({type(model).__name__}); this needs an autoregressive VLM: {sorted(AUTOREGRESSIVE)}") from None
+    if spec.family != "autoregressive":
+        raise ValueError(f"unsupported architecture {spec.kind!r} ({type(model).__name__}, a {spec.family} model); "
+                         f"this needs an autoregressive VLM: {sorted(AUTOREGRESSIVE)}")
+    lm = _follow(model, spec.decoder)
+    token = image_token_id(config)
+    if token is None:
+        raise ValueError(f"{type(model).__name__} config names no image token id")
+    return ArchInfo(spec, lm, lm.layers, lm.norm, model.lm_head, token)
+
+
+def check_layers(layers, n_layers: int) -> list[int]:
+    """Validate layer indices (negative indices count from the end); None means all layers."""
+    if layers is None:
+        return list(range(n_layers))
+    out = []
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise ValueError(f"layer indices must be integers, got {i!r}")
+        i = int(i)
+        j = i + n_layers if i < 0 else i
+        if not 0 <= j < n_layers:
+            raise ValueError(f"layer index {i} out of range for a model with {n_layers} decoder layers")
+        out.append(j)
+    if not out:
+        raise ValueError("layers: the list is empty (None means all layers)")
+    if len(set(out)) != len(out):
+        raise ValueError(f"layer indices repeat: {list(layers)}")
+    return sorted(out)

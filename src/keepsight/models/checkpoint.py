@@ -1,0 +1,169 @@
+"""Load any local Hugging Face VLM directory keepsight supports, with dtype and device choices.
+
+One code path for tiny world models and real checkpoints (``keepsight ... --model DIR``, the lmms-eval
+plugin, the Python API):
+
+- ``checkpoint_kind(dir)`` reads ``config.json`` only and names its kind in the architecture table
+  (``keepsight.models.arch``): ``llava`` / ``keepsight_llava`` / ``qwen3_vl`` / ``qwen2_5_vl``
+  (autoregressive VLMs), ``llada_v`` / ``llada_lm`` / ``llava_llada`` (masked-diffusion). Anything else is an
+  error naming what is supported.
+- ``load_checkpoint(dir, dtype=, device=)`` returns ``(model, processor)`` in eval mode. Safetensors in
+  transformers' layout load with the Auto classes (after ``register_model_types()``); LLaDA / LLaDA-V
+  repository layouts go through ``keepsight.models.llada.load_llada_v`` (its key map).
+- ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback (Qwen-VL without
+  torchvision, the CPU install here), the image-only ``keepsight.models.processors.QwenImageProcessor``.
+
+dtype: ``auto`` (bf16 on a CUDA device that supports it, else fp16 on CUDA, fp32 on CPU), ``float32`` /
+``fp32``, ``bfloat16`` / ``bf16``, ``float16`` / ``fp16``, or ``None``: the dtype the checkpoint was saved
+in (transformers' own default; what the training commands use). device: ``auto`` (``cuda`` when present, else
+``cpu``), ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    LlavaForConditionalGeneration,
+)
+
+from .arch import ARCHITECTURES, arch_spec, kind_of, supported
+from .llada import load_llada_v
+from .processors import QwenImageProcessor
+from .registry import register_model_types
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """``auto`` -> cuda when available (``cuda:$LOCAL_RANK`` under a launcher), else cpu; checks availability."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    name = "auto" if name in (None, "") else str(name).strip()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available here; use --device cpu (or auto)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} asked for, but MPS is not available here")
+    return device
+
+
+def resolve_dtype(name: str | torch.dtype | None = "auto", device: torch.device | None = None) -> torch.dtype:
+    """A dtype name (``DTYPE_CHOICES``) -> torch dtype; ``auto`` depends on ``device`` (see the module doc)."""
+    if isinstance(name, torch.dtype):
+        return name
+    name = "auto" if name in (None, "") else str(name).strip().lower()
+    if name == "auto":
+        if device is not None and device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {name!r}")
+    return DTYPES[name]
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{path} holds no model: config.json is missing")
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg} is not valid JSON: {e}") from None
+
+
+def checkpoint_kind(path: str | os.PathLike) -> str:
+    """What a directory holds (its kind in ``keepsight.models.arch``); unsupported ones are a ValueError."""
+    try:
+        kind = kind_of(read_config(path))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if ARCHITECTURES[kind].family == "text":
+        raise ValueError(f"{path}: unsupported architecture model_type={kind!r} (a text-only language model); "
+                         f"{supported()}")
+    return kind
+
+
+def _has_hf_layout(path: Path) -> bool:
+    """True when the safetensors were written by ``save_pretrained`` (LLaVA's ``model.language_model.*``)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    for f in files:
+        with safe_open(f, "pt") as fh:
+            if any(k.startswith(("model.language_model.", "language_model.model.")) for k in fh.keys()):
+                return True
+    return False
+
+
+def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "auto",
+                    device: str | torch.device | None = "auto", expect: str | None = None):
+    """``(model, processor)`` for a supported directory, on ``device`` in ``dtype``, eval mode.
+
+    ``expect``: ``"autoregressive"`` or ``"diffusion"`` turns loading the other family into a clear error
+    (e.g. a LLaDA-V directory given to ``keepsight world eval``)."""
+    path = Path(path)
+    kind = checkpoint_kind(path)
+    spec = ARCHITECTURES[kind]
+    if expect is not None and expect != spec.family:
+        def a(word: str) -> str:
+            return ("an " if word[0] in "aeiou" else "a ") + word
+
+        raise ValueError(f"{path} is {a(spec.family)} checkpoint ({kind}); this needs {a(expect)} one")
+    if not spec.loadable:
+        raise ValueError(f"{path}: {spec.note or f'{kind} directories cannot be loaded'}")
+    dev = resolve_device(device)
+    dt = None if dtype is None else resolve_dtype(dtype, dev)  # None: as saved
+    register_model_types()
+    if kind == "llada_lm":
+        model = load_llada_v(path, dtype=dt)
+        return model.to(dev).eval(), AutoTokenizer.from_pretrained(path)
+    processor = load_processor(path, kind)
+    if kind == "llada_v" and not _has_hf_layout(path):
+        model = load_llada_v(path, dtype=dt)
+    elif kind == "llada_v":
+        model = LlavaForConditionalGeneration.from_pretrained(path, dtype=dt or "auto")
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
+    return model.to(dev).eval(), processor
+
+
+# ----------------------------------------------------------------------------- processors
+
+
+def load_processor(path: str | os.PathLike, kind: str | None = None):
+    """The directory's processor; the table's fallback (image-only Qwen-VL) where AutoProcessor cannot build it."""
+    path = Path(path)
+    spec = arch_spec(kind or checkpoint_kind(path))
+    fallback = spec.processor_fallback == "qwen_image"
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (ImportError, AttributeError, ValueError, OSError) as e:
+        if fallback:
+            return QwenImageProcessor.from_pretrained(path)
+        raise ValueError(f"cannot load a processor from {path}: {type(e).__name__}: {e}") from e
+    if getattr(processor, "image_processor", None) is None:
+        if fallback:
+            return QwenImageProcessor.from_pretrained(path)
+        raise ValueError(f"{path} has no image processor ({type(processor).__name__}); save the model's processor "
+                         "beside it (processor.save_pretrained)")
+    return processor

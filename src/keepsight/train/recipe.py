@@ -1,0 +1,171 @@
+"""The one recipe skeleton every training run follows: load -> freeze by name -> train -> summarise -> publish.
+
+A ``Recipe`` says what differs (which model, which parameters train, the data, how the output is written);
+``run_recipe`` does the rest the same way for all of them: it returns the published summary at once when
+the output already exists, resumes from Trainer checkpoints under ``<out>/checkpoints``, returns None when
+``stop_after`` ended the run before its last step, and otherwise writes the output atomically from the main
+process (under ``accelerate launch`` too) with the common summary fields: ``train`` (the options),
+``batch_layout``, ``first_loss``, ``last_loss``, ``log_history``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from ..atomic import atomic_save_dir, write_json
+from .distributed import batch_layout, gather_state_dict, main_process_writes
+from .trainer import TrainOptions, run_trainer
+
+
+@dataclass
+class Run:
+    """Where and how one ``run_recipe`` call runs (set on the recipe before ``load``)."""
+
+    out: Path
+    stop_after: int | None = None  # end after this global step (resumable), None: run to the end
+    progress: bool = True
+    grad_accum: int = 1
+
+
+class Recipe(ABC):
+    """Override ``load``, ``dataset`` and ``collator``; the others have defaults. ``options`` is the recipe's config (a
+    ``TrainOptions``); ``summary_file`` names the summary written beside the output, ``marker_file`` the file
+    whose presence (with the summary) says the output is complete."""
+
+    summary_file = "train_summary.json"
+    marker_file = "config.json"
+
+    def __init__(self, options: TrainOptions):
+        self.options = options
+        self.run: Run | None = None  # set by run_recipe
+
+    # ------------------------------------------------------------------ what differs
+    @abstractmethod
+    def load(self) -> tuple[nn.Module, object]:
+        """The model to train and its processor (or tokenizer)."""
+
+    def trainable(self, name: str) -> bool:
+        """Whether the parameter called ``name`` trains (default: every one)."""
+        return True
+
+    @abstractmethod
+    def dataset(self, processor):
+        """The training dataset (items the collator reads; ``.lengths`` for length-grouped batches)."""
+
+    @abstractmethod
+    def collator(self, processor):
+        """Items -> model inputs."""
+
+    def optimizer_fn(self):
+        """``model -> optimizer``, or None for the Trainer's AdamW."""
+        return None
+
+    def trainer_module(self, model: nn.Module) -> nn.Module:
+        """The module the Trainer trains (a wrapper that computes the objective, or the model itself)."""
+        return model
+
+    def before(self, model: nn.Module, processor) -> dict:
+        """Summary fields measured before training (e.g. a branch's gate and norm report)."""
+        return {}
+
+    def checkpoint_dir(self) -> Path:
+        """Where the Trainer's periodic checkpoints go while the run is unfinished."""
+        return self.run.out / "checkpoints"
+
+    def fit(self, model: nn.Module, processor) -> tuple[list[dict], int]:
+        """Train (resuming from ``checkpoint_dir()``); returns (log history, global step)."""
+        run = self.run
+        return run_trainer(self.trainer_module(model), self.dataset(processor), self.collator(processor),
+                           self.options, self.checkpoint_dir(), run.stop_after, run.progress, self.optimizer_fn(),
+                           run.grad_accum)
+
+    def summarise(self, model: nn.Module, processor, logs: list[dict]) -> dict:
+        """The recipe's own summary fields (after training)."""
+        return {}
+
+    def publish(self, model: nn.Module, processor, out: Path, summary: dict) -> None:
+        """Write the output (default: ``save_pretrained`` of the model and processor into ``out`` atomically,
+        with the summary; the Trainer checkpoints go with the replaced directory)."""
+        publish_directory(out, self.summary_file, summary, self.trainer_module(model), _prefix_of(self, model),
+                          lambda tmp, sd: (model.save_pretrained(tmp, state_dict=sd), processor.save_pretrained(tmp)))
+
+    # ------------------------------------------------------------------ shared
+    def published(self, out: Path) -> dict | None:
+        """The summary of a complete output in ``out``, or None."""
+        if (out / self.summary_file).is_file() and (out / self.marker_file).is_file():
+            return json.loads((out / self.summary_file).read_text())
+        return None
+
+
+def _prefix_of(recipe: Recipe, model: nn.Module) -> str:
+    """State-dict prefix of ``model`` inside the module the Trainer wrapped (for FSDP gathering)."""
+    wrapper = recipe.trainer_module(model)
+    if wrapper is model:
+        return ""
+    for name, module in wrapper.named_modules():
+        if module is model:
+            return name + "."
+    raise ValueError("the trainer module does not contain the model")
+
+
+def freeze_by_name(model: nn.Module, trainable) -> None:
+    """``requires_grad`` = ``trainable(name)`` for every parameter."""
+    for name, p in model.named_parameters():
+        p.requires_grad = bool(trainable(name))
+
+
+def losses(logs: list[dict]) -> tuple[float | None, float | None]:
+    found = [h["loss"] for h in logs if "loss" in h]
+    return (found[0], found[-1]) if found else (None, None)
+
+
+def publish_directory(out: Path, summary_file: str, summary: dict, state_root: nn.Module, prefix: str, save,
+                      cleanup: Path | None = None) -> None:
+    """Write ``save(tmpdir, state_dict)`` and the summary into ``out`` atomically from the main process.
+    ``state_dict`` is the full state gathered from FSDP2 shards (entries under ``prefix`` of ``state_root``,
+    prefix removed), or None when the parameters are whole. ``cleanup``: a directory removed afterwards."""
+    sd = gather_state_dict(state_root, prefix)  # on every process; None unless FSDP-sharded
+
+    def write(tmp: Path) -> None:
+        save(tmp, sd)
+        write_json(tmp / summary_file, summary)
+
+    def publish() -> None:
+        atomic_save_dir(out, write)
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+
+    main_process_writes(publish)
+
+
+def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: bool = True,
+               grad_accum: int = 1) -> dict | None:
+    """Run ``recipe`` into ``out`` (see the module docstring). Returns its summary, or None when ``stop_after``
+    ended the run early (run again to resume)."""
+    out = Path(out)
+    done = recipe.published(out)
+    if done is not None:
+        return done
+    recipe.run = Run(out, stop_after, progress, grad_accum)
+    model, processor = recipe.load()
+    freeze_by_name(model, recipe.trainable)
+    before = recipe.before(model, processor)
+    model.train()
+    logs, step = recipe.fit(model, processor)
+    if step < recipe.options.steps:
+        return None
+    model.eval()
+    first, last = losses(logs)
+    summary = {"train": dataclasses.asdict(recipe.options),
+               "batch_layout": batch_layout(recipe.options.batch_size, grad_accum),
+               **({"before": before} if before else {}), **recipe.summarise(model, processor, logs),
+               "first_loss": first, "last_loss": last, "log_history": logs}
+    recipe.publish(model, processor, out, summary)
+    return summary

@@ -1,0 +1,157 @@
+"""The shared Trainer set-up of every recipe: the common option fields, ``run_trainer`` (transformers'
+``Trainer``, length-grouped batches, resume from the newest complete checkpoint, stop-after), and the
+checkpoint helpers."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from .distributed import batch_layout, length_grouped_sampler, process_rank, set_fsdp_wrap, trainer_placement
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
+    return float(value)
+
+
+@dataclass(kw_only=True)
+class TrainOptions:
+    """The option fields every training recipe shares (each recipe's config extends them, with its defaults)."""
+
+    steps: int = 100  # optimizer steps
+    lr: float = 1e-3  # peak learning rate
+    batch_size: int = 16  # the global batch per optimizer step (split over processes and grad-accum steps)
+    seed: int = 0  # model initialisation, data order and the objective's randomness
+    save_every: int = 200  # Trainer checkpoint period (steps)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "save_every"):
+            setattr(self, name, _positive_int(name, getattr(self, name)))
+        self.lr = _positive_float("lr", self.lr)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        self.seed = int(self.seed)
+
+
+def last_complete_checkpoint(ckpt_dir: Path) -> str | None:
+    """Newest ``checkpoint-N`` holding ``trainer_state.json`` (Trainer writes it last, so a checkpoint
+    interrupted mid-write is skipped)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return None
+    done = [p for p in ckpt_dir.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    if not done:
+        return None
+    return str(max(done, key=lambda p: int(p.name.split("-")[-1])))
+
+
+class StopAt(TrainerCallback):
+    """Saves a checkpoint and stops after global step ``step`` (None: never)."""
+
+    def __init__(self, step: int | None):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.step is not None and state.global_step >= self.step:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def stop_at(step: int | None) -> StopAt:
+    """A Trainer callback that saves a checkpoint and stops after global step ``step`` (None: never)."""
+    return StopAt(step)
+
+
+class LengthAwareTrainer(Trainer):
+    """Batches of similar length when the dataset knows its items' lengths (``dataset.lengths``): short QA
+    items are not padded to the length of a long description. ``optimizer_fn(model)`` builds the optimizer
+    (the Trainer builds the schedule around it)."""
+
+    def __init__(self, *args, global_batch: int, optimizer_fn=None, **kwargs):
+        self._global_batch, self._optimizer_fn = global_batch, optimizer_fn
+        super().__init__(*args, **kwargs)
+
+    def _get_train_sampler(self, train_dataset=None):
+        ds = train_dataset if train_dataset is not None else self.train_dataset
+        if getattr(ds, "lengths", None) is not None:
+            return length_grouped_sampler(ds.lengths, self._global_batch, self.args.data_seed)
+        return super()._get_train_sampler(train_dataset)
+
+    def create_optimizer(self, model=None):
+        if self._optimizer_fn is not None and self.optimizer is None:
+            self.optimizer = self._optimizer_fn(self.model if model is None else model)
+        return super().create_optimizer(model)
+
+
+def run_trainer(model: nn.Module, dataset, collator, options: TrainOptions, ckpt_dir: Path,
+                stop_after: int | None = None, progress: bool = True, optimizer_fn=None,
+                grad_accum: int = 1) -> tuple[list[dict], int]:
+    """Train with ``transformers.Trainer``, resuming from the newest complete checkpoint in ``ckpt_dir``.
+
+    Runs as it is or under ``accelerate launch`` (DDP, DeepSpeed, FSDP): ``options.batch_size`` is the
+    global batch per optimizer step, split over processes and ``grad_accum`` steps (``batch_layout``);
+    every process draws the same length-grouped order (``length_grouped_sampler``) and takes its share
+    of each global batch. ``stop_after`` ends the run early after that global step (after its checkpoint),
+    for tests and for splitting a long stage over several invocations. ``optimizer_fn(model)`` builds the
+    optimizer instead of the Trainer's AdamW (e.g. per-group learning rates); it is called by the Trainer
+    (FSDP does not accept a ready-made optimizer); the Trainer builds the cosine schedule around it.
+    Returns the log history and the global step.
+    """
+    layout = batch_layout(options.batch_size, grad_accum)
+    rank = process_rank()[0]
+    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        raise ValueError("DeepSpeed ZeRO-3 is not supported (outputs are saved from rank 0's parameters); use "
+                         "configs/accelerate/fsdp.yaml to shard parameters, or ZeRO-2")
+    set_fsdp_wrap(model)
+    steps = options.steps
+    args = TrainingArguments(
+        output_dir=str(ckpt_dir),
+        max_steps=steps,
+        per_device_train_batch_size=layout["per_device_batch_size"],
+        gradient_accumulation_steps=layout["grad_accum"],
+        learning_rate=options.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, steps // 20),
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        logging_steps=max(1, min(50, steps // 10)),
+        save_strategy="steps",
+        save_steps=options.save_every,
+        save_total_limit=2,
+        report_to=[],
+        # the model's own randomness (dropout, a diffusion objective's masks) differs per process, as it
+        # would between the samples of one big batch; the data order (data_seed) is the same everywhere
+        seed=options.seed + rank,
+        data_seed=options.seed,
+        **trainer_placement(),
+        # frozen parameters (a frozen backbone) are outside DDP's reducer anyway; a trainable parameter
+        # may still get no gradient (the vision stage never reads CLIP's post_layernorm), and DDP must then
+        # not wait for it
+        ddp_find_unused_parameters=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not progress,
+    )
+    if args.world_size != layout["world_size"]:
+        raise RuntimeError(f"{args.world_size} training processes but the launcher's environment says "
+                           f"{layout['world_size']}")
+    trainer = LengthAwareTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
+                                 callbacks=[stop_at(stop_after)], global_batch=layout["global_batch_size"],
+                                 optimizer_fn=optimizer_fn)
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(ckpt_dir))
+    return [dict(h) for h in trainer.state.log_history], trainer.state.global_step

@@ -1,0 +1,323 @@
+"""Build a world VLM the way real ones are built, in four resumable stages (transformers' Trainer), each a
+``keepsight.train`` recipe:
+
+1. ``lm``       text-only language-model pretraining on world descriptions and captions (learns the
+                world's co-occurrence priors, as a real LLM learns its language priors);
+2. ``vision``   vision tower trained on its own, to name what sits in each grid cell and the scene type;
+3. ``align``    the LLaVA model assembled from both, only the projector trains (feature alignment);
+4. ``instruct`` projector + language model train on descriptions, captions and QA (tower frozen).
+
+Each stage writes ``<out>/stages/<stage>/`` atomically when it finishes, and periodic Trainer
+checkpoints under ``<out>/stages/<stage>-checkpoints/`` while it runs; running it again resumes from
+the newest complete checkpoint. The final model and processor land in ``<out>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import CLIPVisionModel, LlavaForConditionalGeneration, Qwen3ForCausalLM
+
+from ..atomic import write_json
+from ..data import IGNORE_INDEX, TextCollator, VLMCollator
+from ..train.distributed import main_process_writes
+from ..train.recipe import Recipe, publish_directory, run_recipe
+from ..train.trainer import TrainOptions
+from .config import WorldConfig
+from .models import (
+    PRESETS,
+    build_llada_v,
+    build_model,
+    get_preset,
+    preset_processor,
+    text_config,
+    vision_config,
+)
+from .tasks import TextDataset, VisionCollator, VisionDataset, VLMDataset, WorldSamples
+
+STAGES = ("lm", "vision", "align", "instruct")
+REQUIRES = {"lm": (), "vision": (), "align": ("lm", "vision"), "instruct": ("align",)}
+DONE_FILE = "keepsight_stage.json"
+
+
+@dataclass
+class StageConfig:
+    """One stage's schedule (the rest of its ``TrainOptions`` comes from the ``TrainConfig``)."""
+
+    steps: int  # optimizer steps
+    lr: float  # peak learning rate (cosine schedule, 5% warm-up)
+    batch_size: int = 32
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a trained base model (its hash names the demo's cache entry)."""
+
+    preset: str = "tiny-llava"
+    seed: int = 0
+    lm: StageConfig = field(default_factory=lambda: StageConfig(steps=600, lr=3e-3, batch_size=32))
+    vision: StageConfig = field(default_factory=lambda: StageConfig(steps=500, lr=2e-3, batch_size=32))
+    align: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=32))
+    instruct: StageConfig = field(default_factory=lambda: StageConfig(steps=1000, lr=1e-3, batch_size=32))
+    save_every: int = 200  # checkpoint period in steps
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
+        if get_preset(self.preset).arch != "llava":
+            raise ValueError(f"preset {self.preset!r}: staged world training supports LLaVA-family presets only")
+        for name in STAGES:
+            st = getattr(self, name)
+            if isinstance(st, dict):
+                st = StageConfig(**st)
+                setattr(self, name, st)
+            if st.steps < 1 or st.lr <= 0 or st.batch_size < 1:
+                raise ValueError(f"{name}: steps, lr and batch_size must be positive, got {st}")
+        if self.save_every < 1:
+            raise ValueError(f"save_every must be >= 1, got {self.save_every}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def options(self, stage: str) -> TrainOptions:
+        """The ``TrainOptions`` of ``stage``: its schedule, seed ``seed + stage index``, this checkpoint period."""
+        st: StageConfig = getattr(self, stage)
+        return TrainOptions(steps=st.steps, lr=st.lr, batch_size=st.batch_size, seed=self.seed + STAGES.index(stage),
+                            save_every=self.save_every)
+
+
+class VisionPretrainer(nn.Module):
+    """A vision tower with per-cell heads: patch features are average-pooled onto the world's grid and
+    classified (shape incl. "empty", colour, size, and which cell it is); the CLS feature classifies the
+    scene type. The cell target makes every feature say where it is, as a language model reading the
+    features needs: RoPE alone cannot address the k-th image token from a growing distance."""
+
+    def __init__(self, tower: nn.Module, config: WorldConfig):
+        super().__init__()
+        d = tower.config.hidden_size
+        self.tower = tower
+        self.grid = tuple(config.grid)
+        self.shape_head = nn.Linear(d, len(config.shapes) + 1)
+        self.colour_head = nn.Linear(d, len(config.colours))
+        self.size_head = nn.Linear(d, len(config.sizes))
+        self.scene_head = nn.Linear(d, len(config.scenes))
+        self.cell_head = nn.Linear(d, self.grid[0] * self.grid[1])
+
+    def forward(self, pixel_values, shape=None, colour=None, size=None, scene=None):
+        h = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, 1 + P, d]
+        cls, patches = h[:, 0], h[:, 1:]
+        b, p, d = patches.shape
+        side = int(p**0.5)
+        grid = patches.transpose(1, 2).reshape(b, d, side, side)  # [B, d, side, side]
+        cells = nn.functional.adaptive_avg_pool2d(grid, self.grid).flatten(2).transpose(1, 2)  # [B, R*C, d]
+        logits = {
+            "shape": self.shape_head(cells), "colour": self.colour_head(cells),
+            "size": self.size_head(cells), "scene": self.scene_head(cls), "cell": self.cell_head(cells),
+        }
+        out = {"logits_" + k: v for k, v in logits.items()}
+        if shape is not None:
+            ce = nn.functional.cross_entropy
+            out["loss"] = (
+                ce(logits["shape"].flatten(0, 1), shape.flatten())
+                + ce(logits["colour"].flatten(0, 1), colour.flatten(), ignore_index=IGNORE_INDEX)
+                + ce(logits["size"].flatten(0, 1), size.flatten(), ignore_index=IGNORE_INDEX)
+                + ce(logits["scene"], scene)
+                + ce(logits["cell"].flatten(0, 1), torch.arange(cells.shape[1], device=h.device).repeat(b))
+            )
+        return out
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def _stage_dirs(out: Path, stage: str) -> tuple[Path, Path]:
+    return out / "stages" / stage, out / "stages" / f"{stage}-checkpoints"
+
+
+def stage_done(out: Path, stage: str) -> bool:
+    return (_stage_dirs(Path(out), stage)[0] / DONE_FILE).is_file()
+
+
+def is_world_base(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a world base directory with finished ``lm`` and ``vision`` stages."""
+    path = Path(path)
+    return (path / "train_config.json").is_file() and all(stage_done(path, s) for s in ("lm", "vision"))
+
+
+def read_train_config(base_dir: str | os.PathLike) -> TrainConfig:
+    path = Path(base_dir) / "train_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{base_dir} is not a world base directory: train_config.json is missing")
+    return TrainConfig(**json.loads(path.read_text()))
+
+
+class StageRecipe(Recipe):
+    """One stage of the base (see the module docstring)."""
+
+    summary_file = DONE_FILE
+    marker_file = DONE_FILE
+
+    def __init__(self, stage: str, out: Path, train_cfg: TrainConfig, samples: WorldSamples):
+        super().__init__(train_cfg.options(stage))
+        self.stage, self.base, self.train_cfg, self.samples = stage, Path(out), train_cfg, samples
+        self.preset = get_preset(train_cfg.preset)
+
+    def load(self):
+        processor = preset_processor(self.preset)
+        tok, seed = processor.tokenizer, self.options.seed
+        torch.manual_seed(seed)
+        if self.stage == "lm":
+            return Qwen3ForCausalLM(text_config(self.preset, tok)), processor
+        if self.stage == "vision":
+            return VisionPretrainer(CLIPVisionModel(vision_config(self.preset)), self.samples.config), processor
+        if self.stage == "align":  # a fresh projector between the pretrained language model and tower
+            return assemble_from_stages(self.base, self.preset, tok, seed), processor
+        return LlavaForConditionalGeneration.from_pretrained(_stage_dirs(self.base, "align")[0]), processor
+
+    def trainable(self, name: str) -> bool:
+        if self.stage == "align":
+            return "multi_modal_projector" in name
+        if self.stage == "instruct":  # tower frozen
+            return any(t in name for t in ("multi_modal_projector", "language_model", "lm_head"))
+        return True
+
+    def dataset(self, processor):
+        if self.stage == "lm":
+            return TextDataset(self.samples)
+        if self.stage == "vision":
+            return VisionDataset(self.samples)
+        if self.stage == "align":
+            return VLMDataset(self.samples, ("describe", "caption"), self.options.seed)
+        # about a quarter of the steps on descriptions, the rest on short QA / grounding
+        return VLMDataset(self.samples, VLMDataset.TASKS, self.options.seed, describe_repeats=3)
+
+    def collator(self, processor):
+        if self.stage == "lm":
+            return TextCollator(processor.tokenizer)
+        if self.stage == "vision":
+            return VisionCollator(processor.image_processor)
+        return VLMCollator(processor)
+
+    def checkpoint_dir(self) -> Path:
+        return _stage_dirs(self.base, self.stage)[1]
+
+    def summarise(self, model, processor, logs):
+        return {"stage": self.stage}
+
+    def publish(self, model, processor, out, summary):
+        final, ckpts = _stage_dirs(self.base, self.stage)
+        if self.stage == "lm":
+            def save(d, sd):
+                model.save_pretrained(d, state_dict=sd)
+                processor.tokenizer.save_pretrained(d)
+        elif self.stage == "vision":
+            def save(d, sd):
+                model.tower.save_pretrained(d, state_dict=sd)
+        else:
+            def save(d, sd):
+                model.save_pretrained(d, state_dict=sd)
+                processor.save_pretrained(d)
+        publish_directory(final, self.summary_file, summary, model, "tower." if self.stage == "vision" else "", save,
+                          cleanup=ckpts)
+
+
+def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
+                stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+    """Run one stage (resuming if interrupted). Returns its summary, or None if ``stop_after`` ended
+    it before the last step (run again to continue). The stage's batch size is the global batch
+    (``run_trainer``); under ``accelerate launch`` only the main process writes."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; choose from {STAGES}")
+    out = Path(out)
+    final, _ = _stage_dirs(out, stage)
+    if (final / DONE_FILE).is_file():
+        return json.loads((final / DONE_FILE).read_text())
+    for prev in REQUIRES[stage]:
+        if not stage_done(out, prev):
+            raise RuntimeError(f"stage {stage!r} needs stage {prev!r} first (run it, or --stage all)")
+    preset = get_preset(train_cfg.preset)
+    if samples.config.image_size != preset.image_size:
+        raise ValueError(f"world image_size {samples.config.image_size} != preset {train_cfg.preset} "
+                         f"image_size {preset.image_size}")
+    return run_recipe(StageRecipe(stage, out, train_cfg, samples), final, stop_after, progress, grad_accum)
+
+
+def assemble_from_stages(out: str | os.PathLike, preset, tok, seed: int):
+    """A fresh LLaVA (new projector, initialised with ``seed``) whose language model and vision tower come
+    from the finished ``lm`` and ``vision`` stages under ``out``: the backbone every projector starts from."""
+    out = Path(out)
+    for prev in ("lm", "vision"):
+        if not stage_done(out, prev):
+            raise RuntimeError(f"{out}: stage {prev!r} has not finished")
+    model = build_model(preset, tok, seed=seed)
+    lm = Qwen3ForCausalLM.from_pretrained(_stage_dirs(out, "lm")[0])
+    tower = CLIPVisionModel.from_pretrained(_stage_dirs(out, "vision")[0])
+    model.model.language_model.load_state_dict(lm.model.state_dict())
+    model.lm_head.load_state_dict(lm.lm_head.state_dict())
+    model.model.vision_tower.load_state_dict(tower.state_dict())
+    return model
+
+
+def finalize(out: str | os.PathLike) -> Path:
+    """Copy the instruct stage's model + processor to ``out`` itself (so ``from_pretrained(out)`` works)."""
+    out = Path(out)
+    if not stage_done(out, "instruct"):
+        raise RuntimeError(f"{out}: stage 'instruct' has not finished")
+    src = _stage_dirs(out, "instruct")[0]
+
+    def copy() -> None:
+        for f in src.iterdir():
+            if f.name == DONE_FILE:
+                continue
+            tmp = out / f".{f.name}.tmp"
+            shutil.copy2(f, tmp)
+            os.replace(tmp, out / f.name)
+
+    main_process_writes(copy)
+    return out
+
+
+def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
+               stages: tuple[str, ...] = STAGES, progress: bool = True, grad_accum: int = 1) -> dict:
+    """Run ``stages`` in order (skipping finished ones) and finalise when all four are done."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    main_process_writes(write_json, out / "train_config.json", train_cfg.to_dict())
+    summaries = {}
+    for stage in stages:
+        summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum)
+    if all(stage_done(out, s) for s in STAGES):
+        finalize(out)
+    return summaries
+
+
+# ----------------------------------------------------------------------------- models built from a base's stages
+
+
+def backbone_init(base_dir: str | os.PathLike, seed: int):
+    """``(model, processor)``: a fresh LLaVA whose language model and tower are the base's pretrained ones (the
+    backbone its own MLP projector was aligned on), for a bridge's phase 1 (``keepsight.train.bridge``)."""
+    tc = read_train_config(base_dir)
+    preset = get_preset(tc.preset)
+    processor = preset_processor(preset)
+    return assemble_from_stages(base_dir, preset, processor.tokenizer, seed), processor
+
+
+def llada_v_init(base_dir: str | os.PathLike, seed: int = 0):
+    """``(model, processor)``: a tiny LLaDA-V-style VLM whose vision tower is the base's pretrained one (stage
+    ``vision``), for masked-diffusion training (``keepsight.train.diffusion``)."""
+    base_dir = Path(base_dir)
+    tower_dir = _stage_dirs(base_dir, "vision")[0]
+    if not (tower_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{base_dir} has no finished vision stage ({tower_dir}); train the base first")
+    tc = read_train_config(base_dir)
+    processor = preset_processor(get_preset(tc.preset))
+    model = build_llada_v(processor, tc.preset, seed=seed)
+    model.model.vision_tower.load_state_dict(CLIPVisionModel.from_pretrained(tower_dir).state_dict())
+    return model, processor
