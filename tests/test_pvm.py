@@ -155,7 +155,7 @@ def test_save_load_bit_identical_and_mismatch_refused(processor, tmp_path):
     with torch.no_grad():
         logits = model(**inputs).logits
     save_pvm(model, tmp_path / "a")
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["pvm.safetensors", "pvm_config.json"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".keepsight", "pvm.safetensors", "pvm_config.json"]
     fresh = build_model("tiny-llava", processor.tokenizer)
     load_pvm(fresh, tmp_path / "a")
     with torch.no_grad():

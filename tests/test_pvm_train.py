@@ -28,7 +28,7 @@ def test_sft_trains_only_the_adapter_and_moves_the_gate(base_dir, samples, proce
     cfg = PVMTrainConfig(steps=8, lr=1e-2, gate_lr=5e-2, batch_size=4, save_every=4)
     summary = train_pvm_sft(base_dir, instruct_data(samples), tmp_path / "a", PVMConfig(layers=[1, 2]), cfg,
                             progress=False)
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["pvm.safetensors", "pvm_config.json",
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".keepsight", "pvm.safetensors", "pvm_config.json",
                                                                     "pvm_train.json"]
     weights = load_file(str(tmp_path / "a" / "pvm.safetensors"))
     assert set(weights) == {f"pvm.{i}.{k}" for i in (1, 2) for k in ("down.weight", "up.weight", "gate")}
@@ -132,7 +132,7 @@ def test_grpo_writes_the_adapter_and_resumes(base_dir, stage1_dir, samples, monk
                             progress=False) is None
     assert (tmp_path / "g" / "checkpoints" / "checkpoint-1").is_dir()
     summary = g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "g", cfg, progress=False)
-    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["pvm.safetensors", "pvm_config.json",
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == [".keepsight", "pvm.safetensors", "pvm_config.json",
                                                                     "pvm_grpo.json"]
     assert summary["rewards"] and summary["init"] == str(stage1_dir)
     assert set(summary["after"]) == {"1", "3"}

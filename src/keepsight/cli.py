@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from .commands import GROUPS
@@ -19,8 +20,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame):  # a signal ends the command like an error: every partial output is cleaned up
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, _terminate)
+        except (ValueError, OSError):  # not the main thread (e.g. called from a test harness thread)
+            pass
     try:
         if getattr(args, "precision", None) is not None:  # a training command
             if not is_main_process():  # under `accelerate launch`, one process prints the summaries
@@ -28,9 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             with launch_options(args.precision, args.device):
                 return args.func(args)
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-        print(f"keepsight: error: {e}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as e:  # FileNotFoundError, a full or read-only disk: OSErrors
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"keepsight: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("keepsight: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

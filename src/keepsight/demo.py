@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .atomic import write_json
+from .atomic import check_output_dir, mark, write_json
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
@@ -39,6 +40,7 @@ from .world.tasks import WorldSamples
 from .world.texts import description
 
 TRAIN_SEED, EVAL_SEED, DILUTION_SEED = 1, 2, 3  # disjoint scene streams for train / eval / dilution
+RUNS_KIND, RUN_KIND = "runs", "demo-run"  # keepsight's markers in --runs and in each run directory
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,16 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     if profile_name not in PROFILES:
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
     profile = PROFILES[profile_name]
-    runs_dir = Path(runs_dir)
-    out = runs_dir / (name or profile.name)
+    name = name or profile.name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ValueError(f"--name {name!r}: expected a plain name (letters, digits, . _ -) inside --runs")
+    runs_dir = check_output_dir(runs_dir, "--runs", kinds=(RUNS_KIND,),  # earlier versions: no marker, a cache/
+                                legacy=lambda p: (p / "cache").is_dir())
+    out = check_output_dir(runs_dir / name, "--name", kinds=(RUN_KIND,), legacy=lambda p: (p / "results.json").is_file())
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    mark(runs_dir, RUNS_KIND)
     out.mkdir(parents=True, exist_ok=True)
+    mark(out, RUN_KIND)
     t0 = time.time()
     timings: dict[str, float] = {}
     cfg = profile.world

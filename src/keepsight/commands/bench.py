@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from ..atomic import check_output_dir, mark
 from ..bench import bridge_memory, diffusion, needle, probe_overhead, pvm_decode, scan
+from .options import positive_float, positive_int
+
+KIND = "bench"
 
 # name -> run(args): each benchmark takes the options it uses
 BENCHMARKS = {
@@ -19,14 +23,17 @@ def add_parser(sub) -> None:
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
     bn.add_argument("name", choices=list(BENCHMARKS))
     bn.add_argument("--out", default="runs/bench")
-    bn.add_argument("--batch", type=int, default=8)
-    bn.add_argument("--new-tokens", type=int, default=128)
-    bn.add_argument("--repeats", type=int, default=3)
-    bn.add_argument("--mem-limit-gib", type=float, default=16.0, help="bridge-memory: skip configurations "
+    bn.add_argument("--batch", type=positive_int, default=8)
+    bn.add_argument("--new-tokens", type=positive_int, default=128)
+    bn.add_argument("--repeats", type=positive_int, default=3)
+    bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "
                     "predicted to need more")
     bn.set_defaults(func=run)
 
 
 def run(args) -> int:
+    out = check_output_dir(args.out, "--out", kinds=(KIND,))
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, KIND)
     BENCHMARKS[args.name](args)
     return 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from ..atomic import check_output_dir
 from ..bridge import BRIDGE_KINDS
-from ..train.bridge import BridgeTrainConfig, train_bridge
+from ..train.bridge import BridgeRecipe, BridgeTrainConfig, train_bridge
 from ..world.base import backbone_init, is_world_base
 from ..world.tasks import caption_data, instruct_data
-from .options import print_stopped, read_samples, training_args
+from .options import nonneg_int, positive_float, positive_int, print_stopped, read_samples, training_args
 
 
 def add_parser(sub) -> None:
@@ -19,15 +20,16 @@ def add_parser(sub) -> None:
     btr.add_argument("--data", required=True, help="a world directory")
     btr.add_argument("--out", required=True)
     btr.add_argument("--bridge", default="lia_mtr", help=f"phase 1: {' | '.join(BRIDGE_KINDS)}")
-    btr.add_argument("--steps", type=int, help="default: 200 (phase 1), 4000 (phase 2)")
-    btr.add_argument("--lr", type=float, help="default: 2e-3")
-    btr.add_argument("--batch-size", type=int, default=16)
-    btr.add_argument("--seed", type=int, default=2)
+    btr.add_argument("--steps", type=positive_int, help="default: 200 (phase 1), 4000 (phase 2)")
+    btr.add_argument("--lr", type=positive_float, help="default: 2e-3")
+    btr.add_argument("--batch-size", type=positive_int, default=16)
+    btr.add_argument("--seed", type=nonneg_int, default=2)
     training_args(btr)
     btr.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
+    check_output_dir(args.out, "--out", kinds=(BridgeRecipe.kind,), inputs=[args.model, args.data])
     steps, lr = {1: (200, 2e-3), 2: (4000, 2e-3)}[args.phase]
     cfg = BridgeTrainConfig(phase=args.phase, bridge=args.bridge, seed=args.seed, steps=args.steps or steps,
                             lr=args.lr or lr, batch_size=args.batch_size)
@@ -37,7 +39,7 @@ def run_train(args) -> int:
     if cfg.phase == 1 and is_world_base(args.model):  # the backbone the base's own MLP was aligned on
         init = lambda: backbone_init(args.model, cfg.seed)  # noqa: E731
     summary = train_bridge(args.model, data, args.out, cfg, stop_after=args.stop_after, grad_accum=args.grad_accum,
-                           init=init)
+                           init=init, overwrite=args.overwrite)
     if summary is None:
         return print_stopped(args.stop_after)
     print(f"phase {args.phase}: {summary['bridge']['kind']} bridge ({summary['bridge_parameters']:,d} parameters), "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..atomic import write_json
+from ..atomic import check_output_file, write_json
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 
 
@@ -51,10 +51,10 @@ def format_table(result: dict) -> str:
 
 
 def run(args) -> int:
+    out = check_output_file(args.out or default_out(args.captions), "--out", inputs=[args.captions])
     captions = read_captions_jsonl(args.captions)
     gt = load_coco_ground_truth(args.coco, image_ids={c["image_id"] for c in captions})
     result = coco_chair(captions, gt)
-    out = args.out or default_out(args.captions)
     write_json(out, {"captions_file": str(args.captions), "coco": str(args.coco), **result})
     print(format_table(result))
     print(f"wrote {out}")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..atomic import check_output_dir
 from ..pvm import PVMConfig
-from ..train.lora_control import LoRATrainConfig, train_lora_control
+from ..train.lora_control import LoRARecipe, LoRATrainConfig, train_lora_control
 from ..world.tasks import instruct_data
-from .options import print_stopped, read_samples, training_args
+from .options import nonneg_int, positive_float, positive_int, print_stopped, read_samples, training_args
 
 
 def add_parser(sub) -> None:
@@ -16,20 +17,21 @@ def add_parser(sub) -> None:
     lt.add_argument("--data", required=True, help="a world directory")
     lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
     lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
-    lt.add_argument("--latent-dim", type=int, help="the PVM d' to match (default: hidden / 4)")
-    lt.add_argument("--steps", type=int, default=600)
-    lt.add_argument("--lr", type=float, default=1e-3)
-    lt.add_argument("--batch-size", type=int, default=16)
-    lt.add_argument("--seed", type=int, default=0)
+    lt.add_argument("--latent-dim", type=positive_int, help="the PVM d' to match (default: hidden / 4)")
+    lt.add_argument("--steps", type=positive_int, default=600)
+    lt.add_argument("--lr", type=positive_float, default=1e-3)
+    lt.add_argument("--batch-size", type=positive_int, default=16)
+    lt.add_argument("--seed", type=nonneg_int, default=0)
     training_args(lt)
     lt.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
+    check_output_dir(args.out, "--out", kinds=(LoRARecipe.kind,), inputs=[args.model, args.data])
     pvm_cfg = PVMConfig(layers=args.layers or "strided", latent_dim=args.latent_dim)
     cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
     summary = train_lora_control(args.model, instruct_data(read_samples(args.data), args.seed), args.out, pvm_cfg,
-                                 cfg, stop_after=args.stop_after, grad_accum=args.grad_accum)
+                                 cfg, stop_after=args.stop_after, grad_accum=args.grad_accum, overwrite=args.overwrite)
     if summary is None:
         return print_stopped(args.stop_after)
     print(f"LoRA rank {summary['rank']} on layers {summary['layers']}: {summary['lora_parameters']} parameters "

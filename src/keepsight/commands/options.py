@@ -1,6 +1,12 @@
-"""Options shared by several command groups, and how a command reads the data it is given."""
+"""Options shared by several command groups, the argparse types that check every number an option takes
+(a bad value is argparse's error: exit code 2, naming the option and the accepted range), and how a command
+reads the data it is given."""
 
 from __future__ import annotations
+
+import argparse
+import math
+import re
 
 from ..models import DTYPE_CHOICES
 from ..train.distributed import PRECISIONS
@@ -9,22 +15,61 @@ from ..world.dataset import read_world
 from ..world.tasks import WorldSamples
 
 
+def _integer(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+def _real(low: float, what: str, open_low: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (open_low and value == low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+
+    return parse
+
+
+positive_int = _integer(1, "an integer >= 1")
+nonneg_int = _integer(0, "an integer >= 0")
+positive_float = _real(0.0, "a finite number > 0", open_low=True)
+nonneg_float = _real(0.0, "a finite number >= 0", open_low=False)
+
+
+def run_name(text: str) -> str:
+    """A run's name: one path component (letters, digits, ``. _ -``), so that it stays inside ``--runs``."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text or "") or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"expected a plain name (letters, digits, . _ -), got {text!r}")
+    return text
+
+
 def world_args(sp) -> None:
     """``--difficulty`` and the overrides of a world preset."""
     sp.add_argument("--difficulty", default="default", help="world preset: easy | default | hard")
-    sp.add_argument("--image-size", type=int, help="override the preset's image size (pixels)")
-    sp.add_argument("--grid", type=int, nargs=2, metavar=("ROWS", "COLS"), help="override the grid")
-    sp.add_argument("--max-objects", type=int, help="override the most objects per scene")
+    sp.add_argument("--image-size", type=positive_int, help="override the preset's image size (pixels)")
+    sp.add_argument("--grid", type=positive_int, nargs=2, metavar=("ROWS", "COLS"), help="override the grid")
+    sp.add_argument("--max-objects", type=positive_int, help="override the most objects per scene")
 
 
 def world_from_args(args):
     """The ``WorldConfig`` the ``world_args`` options name."""
     overrides = {}
-    if getattr(args, "image_size", None):
+    if getattr(args, "image_size", None) is not None:
         overrides["image_size"] = args.image_size
-    if getattr(args, "grid", None):
+    if getattr(args, "grid", None) is not None:
         overrides["grid"] = tuple(args.grid)
-    if getattr(args, "max_objects", None):
+    if getattr(args, "max_objects", None) is not None:
         overrides["max_objects"] = args.max_objects
     return world_config(args.difficulty, **overrides)
 
@@ -38,13 +83,15 @@ def placement_args(sp) -> None:
 
 def training_args(sp) -> None:
     """Options of every training command: ``--batch-size`` is the global batch of one optimizer step."""
-    sp.add_argument("--grad-accum", type=int, default=1, help="gradient-accumulation steps: the batch size "
+    sp.add_argument("--grad-accum", type=positive_int, default=1, help="gradient-accumulation steps: the batch size "
                     "(global, per optimizer step) is split over them and the `accelerate launch` processes")
     sp.add_argument("--precision", default="no", choices=list(PRECISIONS),
                     help="mixed precision (autocast over fp32 master weights); bf16 on GPUs that have it")
     sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="auto: each process's GPU when there is one (accelerate assigns them), else the CPU")
-    sp.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    sp.add_argument("--stop-after", type=positive_int, help="stop after this many steps (resume later)")
+    sp.add_argument("--overwrite", action="store_true", help="replace an existing output made from other settings "
+                    "(without it such an output is refused; the same settings reuse or resume it)")
 
 
 def read_samples(path, limit: int | None = None) -> WorldSamples:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from ..atomic import check_output_dir
 from ..pvm import PVMConfig
+from ..pvm.io import ADAPTER_KIND
 from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..world.grpo import GRPO_TASKS, world_grpo_data
 from ..world.tasks import instruct_data
-from .options import print_stopped, read_samples, training_args
+from .options import (
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_stopped,
+    read_samples,
+    training_args,
+)
 
 
 def add_parser(sub) -> None:
@@ -19,19 +29,19 @@ def add_parser(sub) -> None:
     pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
     pt.add_argument("--init", help="grpo: the stage-1 adapter to start from (also the KL reference)")
     pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided)")
-    pt.add_argument("--latent-dim", type=int, help="sft: d' (default: hidden / 4)")
-    pt.add_argument("--heads", type=int, default=1, help="sft")
+    pt.add_argument("--latent-dim", type=positive_int, help="sft: d' (default: hidden / 4)")
+    pt.add_argument("--heads", type=positive_int, default=1, help="sft")
     pt.add_argument("--gate", default="scalar", choices=["scalar", "channel"], help="sft")
-    pt.add_argument("--steps", type=int, help="default: 600 (sft), 100 (grpo)")
-    pt.add_argument("--lr", type=float, help="projections; default: 1e-3 (sft), 2e-4 (grpo)")
-    pt.add_argument("--gate-lr", type=float, help="the gate; default: 1e-2 (sft), 2e-3 (grpo)")
-    pt.add_argument("--batch-size", type=int, default=16, help="sft")
-    pt.add_argument("--beta", type=float, default=0.04, help="grpo: KL coefficient (0 = no reference model)")
-    pt.add_argument("--num-generations", type=int, default=4, help="grpo: completions per prompt")
-    pt.add_argument("--prompts-per-step", type=int, default=4, help="grpo")
-    pt.add_argument("--max-completion-length", type=int, help="grpo (default: the world's description budget)")
+    pt.add_argument("--steps", type=positive_int, help="default: 600 (sft), 100 (grpo)")
+    pt.add_argument("--lr", type=positive_float, help="projections; default: 1e-3 (sft), 2e-4 (grpo)")
+    pt.add_argument("--gate-lr", type=positive_float, help="the gate; default: 1e-2 (sft), 2e-3 (grpo)")
+    pt.add_argument("--batch-size", type=positive_int, default=16, help="sft")
+    pt.add_argument("--beta", type=nonneg_float, default=0.04, help="grpo: KL coefficient (0 = no reference model)")
+    pt.add_argument("--num-generations", type=positive_int, default=4, help="grpo: completions per prompt")
+    pt.add_argument("--prompts-per-step", type=positive_int, default=4, help="grpo")
+    pt.add_argument("--max-completion-length", type=positive_int, help="grpo (default: the world's description budget)")
     pt.add_argument("--tasks", nargs="+", default=["describe", "open"], help=f"grpo prompts: {' '.join(GRPO_TASKS)}")
-    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--seed", type=nonneg_int, default=0)
     training_args(pt)
     pt.set_defaults(func=run_train)
 
@@ -42,6 +52,7 @@ def print_gates(report: dict) -> None:
 
 
 def run_train(args) -> int:
+    check_output_dir(args.out, "--out", kinds=(ADAPTER_KIND,), inputs=[args.model, args.data, args.init])
     samples = read_samples(args.data)
     if args.stage == "grpo":
         if not args.init:
@@ -52,7 +63,7 @@ def run_train(args) -> int:
                               max_completion_length=args.max_completion_length)
         data = world_grpo_data(samples, args.tasks, args.seed)
         summary = train_pvm_grpo(args.model, args.init, data, args.out, cfg, stop_after=args.stop_after,
-                                 grad_accum=args.grad_accum)
+                                 grad_accum=args.grad_accum, overwrite=args.overwrite)
         if summary is None:
             return print_stopped(args.stop_after)
         print_gates(summary["after"])
@@ -66,7 +77,7 @@ def run_train(args) -> int:
     train_cfg = PVMTrainConfig(steps=args.steps or 600, lr=args.lr or 1e-3, gate_lr=args.gate_lr or 1e-2,
                                batch_size=args.batch_size, seed=args.seed)
     summary = train_pvm_sft(args.model, instruct_data(samples, args.seed), args.out, pvm_cfg, train_cfg,
-                            stop_after=args.stop_after, grad_accum=args.grad_accum)
+                            stop_after=args.stop_after, grad_accum=args.grad_accum, overwrite=args.overwrite)
     if summary is None:
         return print_stopped(args.stop_after)
     print_gates(summary["after"])

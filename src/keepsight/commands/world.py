@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from ..atomic import write_json
+from ..atomic import check_output_dir, check_output_file, write_json
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
-from ..world.base import STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
+from ..world.base import BASE_KIND, STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
 from ..world.dataset import build_world, generate
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 from ..world.tasks import WorldSamples
-from .options import placement_args, read_samples, training_args, world_args, world_from_args
+from .options import (
+    nonneg_int,
+    placement_args,
+    positive_float,
+    positive_int,
+    read_samples,
+    training_args,
+    world_args,
+    world_from_args,
+)
 
 
 def add_parser(sub) -> None:
     world = sub.add_parser("world", help="the synthetic world").add_subparsers(dest="world_command", required=True)
     b = world.add_parser("build", help="write scenes as PNG + JSONL")
     b.add_argument("--out", required=True)
-    b.add_argument("--n", type=int, required=True, help="number of scenes")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--objects", type=int, help="fix the object count of every scene")
+    b.add_argument("--n", type=positive_int, required=True, help="number of scenes")
+    b.add_argument("--seed", type=nonneg_int, default=0)
+    b.add_argument("--objects", type=positive_int, help="fix the object count of every scene")
     b.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     world_args(b)
     b.set_defaults(func=run_build)
@@ -28,11 +37,11 @@ def add_parser(sub) -> None:
     t.add_argument("--preset", default="tiny-llava")
     t.add_argument("--out", required=True)
     t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
-    t.add_argument("--n", type=int, default=4000, help="training scenes when --data is not given")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--n", type=positive_int, default=4000, help="training scenes when --data is not given")
+    t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--stage", default="all", choices=["all", *STAGES])
-    t.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's step count")
-    t.add_argument("--batch-size", type=int, help="override every stage's batch size")
+    t.add_argument("--steps-scale", type=positive_float, default=1.0, help="multiply every stage's step count")
+    t.add_argument("--batch-size", type=positive_int, help="override every stage's batch size")
     training_args(t)
     world_args(t)
     t.set_defaults(func=run_train)
@@ -40,7 +49,7 @@ def add_parser(sub) -> None:
     e = world.add_parser("eval", help="score a trained model on a world directory")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
-    e.add_argument("--limit", type=int, help="evaluate only the first N scenes")
+    e.add_argument("--limit", type=positive_int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
     e.add_argument("--out", help="write the scores as JSON here")
@@ -56,6 +65,7 @@ def run_build(args) -> int:
 
 
 def run_train(args) -> int:
+    check_output_dir(args.out, "--out", kinds=(BASE_KIND,), inputs=[args.data])
     if args.data:
         samples = read_samples(args.data)
     else:
@@ -68,12 +78,12 @@ def run_train(args) -> int:
         if args.batch_size:
             st.batch_size = args.batch_size
     if args.stage == "all" and args.stop_after is None:
-        summaries = train_base(args.out, tc, samples, grad_accum=args.grad_accum)
+        summaries = train_base(args.out, tc, samples, grad_accum=args.grad_accum, overwrite=args.overwrite)
     else:
         summaries = {}
         for s in STAGES if args.stage == "all" else (args.stage,):
             summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after,
-                                       grad_accum=args.grad_accum)
+                                       grad_accum=args.grad_accum, overwrite=args.overwrite)
             if summaries[s] is None:
                 print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
                 return 0
@@ -86,10 +96,12 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
-    samples = read_samples(args.data, args.limit)
-    model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm and args.lora:
         raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
+    if args.out:
+        check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora])
+    samples = read_samples(args.data, args.limit)
+    model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm:
         load_pvm(model, args.pvm)
     if args.lora:

@@ -17,6 +17,8 @@ every non-pad prompt token, image tokens included, and therefore gets no ``pixel
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,12 +78,22 @@ def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) ->
     return uncond + (cfg_scale + 1.0) * (cond - uncond)
 
 
+def _int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r} (an integer)")
+    return int(value)
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
-    if gen_length < 1:
-        raise ValueError(f"gen_length must be >= 1, got {gen_length}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if block_length < 1 or gen_length % block_length:
+    gen_length, steps = _int("gen_length", gen_length), _int("steps", steps)
+    block_length = _int("block_length", block_length)
+    if gen_length % block_length:
         raise ValueError(f"block_length {block_length} must be >= 1 and divide gen_length {gen_length}")
     n_blocks = gen_length // block_length
     if steps % n_blocks:
@@ -89,11 +101,18 @@ def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
                          f"(gen_length {gen_length} / block_length {block_length})")
     if remasking not in REMASKING:
         raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if cfg_scale < 0:
-        raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
+    _real("temperature", temperature)
+    _real("cfg_scale", cfg_scale)
     return n_blocks, steps // n_blocks
+
+
+def _max_positions(model) -> int | None:
+    config = getattr(model, "config", None)
+    for cfg in (getattr(config, "text_config", None), config):
+        n = getattr(cfg, "max_position_embeddings", None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
 
 
 @torch.no_grad()
@@ -132,6 +151,14 @@ def generate(
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, P], got shape {tuple(input_ids.shape)}")
     B, P = input_ids.shape
+    limit = _max_positions(model)
+    if limit is not None and P + gen_length > limit:
+        raise ValueError(f"gen_length {gen_length} + prompt {P} = {P + gen_length} positions exceed the model's "
+                         f"max_position_embeddings {limit}")
+    image_token = getattr(getattr(model, "config", None), "image_token_id", None)
+    if pixel_values is None and image_token is not None and bool((input_ids == image_token).any()):
+        raise ValueError("the prompt holds image tokens but pixel_values is None: the image slots would never be "
+                         "filled; pass the processor's pixel_values")
     device = input_ids.device
     x = torch.cat([input_ids, input_ids.new_full((B, gen_length), mask_id)], dim=1)  # [B, T = P + G]
     am = None

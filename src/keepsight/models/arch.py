@@ -15,6 +15,7 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 FAMILIES = ("autoregressive", "diffusion", "text")
@@ -167,6 +168,42 @@ def arch_info(model: nn.Module) -> ArchInfo:
     if token is None:
         raise ValueError(f"{type(model).__name__} config names no image token id")
     return ArchInfo(spec, lm, lm.layers, lm.norm, model.lm_head, token)
+
+
+PROBE_VALUES = 32  # weight values sampled per tensor for a model's weights probe
+
+
+def _weights_probe(model: nn.Module) -> list[float]:
+    """A few input-embedding and lm_head values at fixed strided positions: two trainings of one architecture
+    differ there, a dtype cast of the same weights does not (beyond rounding)."""
+    values: list[float] = []
+    for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        flat = w.detach().reshape(-1)
+        idx = torch.linspace(0, flat.numel() - 1, PROBE_VALUES).long().to(flat.device)
+        values += flat[idx].float().cpu().tolist()
+    return values
+
+
+def signature(model: nn.Module) -> dict:
+    """What an adapter trained on ``model`` needs of any model it is applied to: its kind, width and depth, and a
+    probe of its weights (the adapter is a change to *these* frozen weights)."""
+    info = arch_info(model)
+    return {"model_type": info.model_type, "hidden_size": info.language_model.config.hidden_size,
+            "num_layers": len(info.layers), "weights_probe": _weights_probe(model)}
+
+
+def signature_mismatch(recorded: dict, model: nn.Module) -> str | None:
+    """None when ``model`` has the ``recorded`` signature, else what differs ("hidden_size: adapter 128 vs model
+    64", or that its weights are another model's). A signature without a probe (older adapters) checks shapes."""
+    have = signature(model)
+    diff = [f"{k}: adapter {recorded.get(k)} vs model {have[k]}" for k in ("model_type", "hidden_size", "num_layers")
+            if recorded.get(k) != have[k]]
+    probe = recorded.get("weights_probe")
+    if not diff and probe is not None:
+        a, b = torch.tensor(probe), torch.tensor(have["weights_probe"])
+        if a.shape != b.shape or not torch.allclose(a, b, rtol=2e-2, atol=2e-2 * float(a.abs().max().clamp_min(1e-6))):
+            diff.append("its weights are another model's (the adapter was trained on a different base checkpoint)")
+    return ", ".join(diff) or None
 
 
 def check_layers(layers, n_layers: int) -> list[int]:

@@ -31,7 +31,6 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
-    LlavaForConditionalGeneration,
 )
 
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
@@ -103,16 +102,36 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
     return kind
 
 
-def _has_hf_layout(path: Path) -> bool:
-    """True when the safetensors were written by ``save_pretrained`` (LLaVA's ``model.language_model.*``)."""
-    files = sorted(path.glob("*.safetensors"))
+def check_weights(path: str | os.PathLike) -> list[Path]:
+    """The directory's weight files, each a readable safetensors file (header and data within the file); a clear
+    error naming the file otherwise (a truncated or zero-byte download, a missing shard)."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is corrupt: {e}") from None
+        files = [path / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path}: weight shards {missing} named in {index.name} are missing")
+    else:
+        files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+        if any(path.glob("pytorch_model*.bin")):
+            return sorted(path.glob("pytorch_model*.bin"))
+        raise FileNotFoundError(f"{path} holds no model weights (*.safetensors)")
     for f in files:
-        with safe_open(f, "pt") as fh:
-            if any(k.startswith(("model.language_model.", "language_model.model.")) for k in fh.keys()):
-                return True
-    return False
+        try:
+            with safe_open(f, "pt") as fh:
+                keys = list(fh.keys())
+                if keys:
+                    fh.get_slice(keys[-1])  # the header's offsets are checked against the file's size
+        except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
+            raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e}); the file is "
+                             "truncated, empty or not safetensors") from None
+    return files
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "auto",
@@ -135,13 +154,13 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
     dt = None if dtype is None else resolve_dtype(dtype, dev)  # None: as saved
     register_model_types()
     if kind == "llada_lm":
+        check_weights(path)
         model = load_llada_v(path, dtype=dt)
         return model.to(dev).eval(), AutoTokenizer.from_pretrained(path)
+    check_weights(path)
     processor = load_processor(path, kind)
-    if kind == "llada_v" and not _has_hf_layout(path):
+    if kind == "llada_v":
         model = load_llada_v(path, dtype=dt)
-    elif kind == "llada_v":
-        model = LlavaForConditionalGeneration.from_pretrained(path, dtype=dt or "auto")
     else:
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
     return model.to(dev).eval(), processor

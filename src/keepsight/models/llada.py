@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub.dataclasses import strict
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
@@ -241,16 +242,35 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def has_hf_layout(directory: Path) -> bool:
+    """True when the directory's safetensors were written by ``save_pretrained`` (LLaVA's ``model.language_model.*``
+    names), False for LLaDA / LLaDA-V repository layouts (``model.transformer.*``, ``model.layers.*``)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory} has no *.safetensors weights")
+    for f in files:
+        with safe_open(f, "pt") as fh:
+            if any(k.startswith(("model.language_model.", "language_model.model.")) for k in fh.keys()):
+                return True
+    return False
+
+
 def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = None):
     """Load a LLaDA / LLaDA-V checkpoint directory (``*.safetensors`` + ``config.json``) into our classes.
 
-    ``config`` (optional) overrides ``config.json``. A ``llava`` config (text_config of type "llada")
+    ``config`` (optional) overrides ``config.json``. A directory in transformers' own layout (what
+    ``save_pretrained`` writes, e.g. ``keepsight diffusion train``) loads with ``from_pretrained``; the LLaDA /
+    LLaDA-V repository layouts through the key map. A ``llava`` config (text_config of type "llada")
     gives a ``LlavaForConditionalGeneration``; a ``llada`` config gives ``LladaForMaskedDiffusion``; an
     OLMo-style LLaDA config (it has ``d_model``) is converted with ``llada_config_from_olmo``. LLaDA-V's
     own ``llava_llada`` config names its vision tower by hub id only - pass ``config`` for it.
     """
     register_llada()
     directory = Path(directory)
+    if config is None and (directory / "config.json").is_file() and has_hf_layout(directory):
+        raw = json.loads((directory / "config.json").read_text())
+        cls = LlavaForConditionalGeneration if raw.get("model_type") == "llava" else LladaForMaskedDiffusion
+        return cls.from_pretrained(directory, dtype=dtype or "auto").eval()
     if config is None:
         path = directory / "config.json"
         if not path.exists():

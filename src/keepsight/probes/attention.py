@@ -68,6 +68,9 @@ class VisualAttentionProbe:
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> VisualAttentionProbe:
+        if any(p.model is self.model for p in _ACTIVE):
+            raise ValueError("a VisualAttentionProbe is already recording this model; nested probes on one model would "
+                             "miss steps (read every layer you need from one probe)")
         _register()
         cfg = self.info.language_model.config
         self._saved_impl = cfg._attn_implementation

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.arch import decoder_stack
+from ..models.arch import check_layers, decoder_stack
 from ..ops.rope import apply_rotary
 
 KINDS = ("visual", "mask", "generated", "prompt", "self")
@@ -49,11 +49,7 @@ class RoPEAttentionProbe:
                  bin_width: int = 8, queries: str = "masked"):
         stack = decoder_stack(model)
         n_layers = len(stack.layers)
-        self.layers = list(range(n_layers)) if layers is None else list(layers)
-        bad = [i for i in self.layers if not -n_layers <= i < n_layers]
-        if bad or not self.layers:
-            raise ValueError(f"layers {bad or self.layers} out of range for a {n_layers}-layer decoder stack")
-        self.layers = sorted({i % n_layers for i in self.layers})
+        self.layers = check_layers(layers, n_layers)
         attn = stack.layers[0].self_attn
         for name in ("q_proj", "k_proj", "head_dim", "scaling"):
             if not hasattr(attn, name):

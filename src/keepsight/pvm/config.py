@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
+
+
+def _int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
 
 
 def strided_layers(depth: int) -> list[int]:
@@ -33,19 +41,25 @@ class PVMConfig:
             if self.layers != "strided":
                 raise ValueError(f"layers must be 'strided' or a list of layer indices, got {self.layers!r}")
         else:
-            self.layers = [int(i) for i in self.layers]
+            try:
+                self.layers = [_int("layers", i, -(10**6)) for i in self.layers]
+            except TypeError:
+                raise ValueError(f"layers must be 'strided' or a list of layer indices, got {self.layers!r}") from None
             if not self.layers:
                 raise ValueError("layers: the list is empty")
-        if self.latent_dim is not None and self.latent_dim < 1:
-            raise ValueError(f"latent_dim must be >= 1, got {self.latent_dim}")
-        if self.heads < 1:
-            raise ValueError(f"heads must be >= 1, got {self.heads}")
+        if self.latent_dim is not None:
+            self.latent_dim = _int("latent_dim", self.latent_dim, 1)
+        self.heads = _int("heads", self.heads, 1)
         if self.latent_dim is not None and self.latent_dim % self.heads:
             raise ValueError(f"latent_dim {self.latent_dim} must be divisible by heads {self.heads}")
         if self.gate not in ("scalar", "channel"):
             raise ValueError(f"gate must be 'scalar' or 'channel', got {self.gate!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("shared_down", "silence_visual"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if (isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real)
+                or not math.isfinite(self.dropout) or not 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
     def resolve_layers(self, depth: int) -> list[int]:
         """Concrete, validated layer indices for a decoder of ``depth`` layers."""
@@ -58,7 +72,11 @@ class PVMConfig:
         return sorted(layers)
 
     def resolve_latent(self, hidden: int) -> int:
+        """d' for a model of width ``hidden``: at most ``hidden`` (W_down projects down)."""
         d = self.latent_dim if self.latent_dim is not None else max(self.heads, hidden // 4)
+        if d > hidden:
+            raise ValueError(f"latent_dim {d} exceeds the model width {hidden}; PVM's W_down projects down "
+                             f"(d' <= d; the paper: 1024 of 4096)")
         if d % self.heads:
             raise ValueError(f"latent_dim {d} must be divisible by heads {self.heads}")
         return d

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..models.arch import arch_info
+from ..atomic import make_temp_dir, mark
+from ..models.arch import signature, signature_mismatch
 from .attach import attach_pvm, detach_pvm, pvm_state_dict
 from .config import PVMConfig
 
 CONFIG_FILE = "pvm_config.json"
 WEIGHTS_FILE = "pvm.safetensors"
+ADAPTER_KIND = "pvm-adapter"  # keepsight's marker in an adapter directory
 
 
 def save_pvm(model: nn.Module, directory: str | os.PathLike) -> Path:
@@ -24,22 +26,17 @@ def save_pvm(model: nn.Module, directory: str | os.PathLike) -> Path:
     st = model._keepsight_pvm if getattr(model, "_keepsight_pvm", None) is not None else None
     if st is None:
         raise ValueError("no PVM attached to this model: nothing to save")
-    info = arch_info(model)
-    meta = {
-        "pvm": st.config.to_dict(),
-        "layers": st.layers,
-        "base": {"model_type": info.model_type, "hidden_size": info.language_model.config.hidden_size,
-                 "num_layers": len(info.layers)},
-    }
+    meta = {"pvm": st.config.to_dict(), "layers": st.layers, "base": signature(model)}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pvm.tmp", dir=directory))
+    tmp = make_temp_dir(directory, ".pvm.tmp")
     try:
         tensors = {k: v.contiguous().cpu() for k, v in pvm_state_dict(model).items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
         for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: a config never points at missing weights
             os.replace(tmp / name, directory / name)
+        mark(directory, ADAPTER_KIND)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
@@ -51,17 +48,29 @@ def load_pvm(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} is not a PVM adapter: {name} is missing")
-    meta = json.loads((directory / CONFIG_FILE).read_text())
-    info = arch_info(model)
-    have = {"model_type": info.model_type, "hidden_size": info.language_model.config.hidden_size,
-            "num_layers": len(info.layers)}
-    diff = {k: (meta["base"][k], have[k]) for k in have if meta["base"].get(k) != have[k]}
-    if diff:
-        detail = ", ".join(f"{k}: adapter {a} vs model {b}" for k, (a, b) in diff.items())
-        raise ValueError(f"PVM adapter {directory} does not fit this model ({detail})")
-    attach_pvm(model, PVMConfig(**meta["pvm"]))
+    config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
-        weights = load_file(str(directory / WEIGHTS_FILE))
+        meta = json.loads(config_path.read_text())
+        base, recorded = dict(meta["base"]), [int(i) for i in meta["layers"]]
+        config = PVMConfig(**meta["pvm"])
+    except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{config_path} is not a valid PVM adapter config ({type(e).__name__}: {e})") from None
+    detail = signature_mismatch(base, model)
+    if detail:
+        raise ValueError(f"PVM adapter {directory} does not fit this model ({detail})")
+    depth = signature(model)["num_layers"]
+    if config.resolve_layers(depth) != recorded:
+        raise ValueError(f"{config_path}: its config resolves to layers {config.resolve_layers(depth)} "
+                         f"but it records layers {recorded}")
+    try:
+        weights = load_file(str(weights_path))
+    except Exception as e:  # safetensors raises its own SafetensorError
+        raise ValueError(f"{weights_path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    bad = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise ValueError(f"{weights_path}: tensors {bad} hold NaN or inf values")
+    attach_pvm(model, config)
+    try:
         params = dict(model.named_parameters())
         expected = set(pvm_state_dict(model))
         if set(weights) != expected:

@@ -21,6 +21,7 @@ import torch
 
 from ..bridge.swap import replace_projector
 from ..data import VLMCollator
+from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
 from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions
@@ -50,10 +51,15 @@ class BridgeRecipe(Recipe):
 
     summary_file = SUMMARY_FILE
     marker_file = "config.json"
+    kind = "bridged-model"
 
     def __init__(self, model_dir, dataset, options: BridgeTrainConfig, init: Callable | None = None):
         super().__init__(options)
         self.model_dir, self.data, self.init = Path(model_dir), dataset, init
+
+    def request(self) -> dict:
+        return {"from": dir_fingerprint(self.model_dir), "init": "given" if self.init is not None else "checkpoint",
+                "data": data_fingerprint(self.data)}
 
     def load(self):
         cfg = self.options
@@ -84,9 +90,9 @@ class BridgeRecipe(Recipe):
 
 def train_bridge(model_dir: str | os.PathLike, dataset, out: str | os.PathLike, cfg: BridgeTrainConfig,
                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
-                 init: Callable | None = None) -> dict | None:
+                 init: Callable | None = None, overwrite: bool = False) -> dict | None:
     """Run one phase on ``dataset`` (``Sample``s); returns its summary (or None when ``stop_after`` ended it
     early; run again to resume). ``init() -> (model, processor)`` gives phase 1's starting model instead of
     loading ``model_dir``. ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main
     process writes."""
-    return run_recipe(BridgeRecipe(model_dir, dataset, cfg, init), out, stop_after, progress, grad_accum)
+    return run_recipe(BridgeRecipe(model_dir, dataset, cfg, init), out, stop_after, progress, grad_accum, overwrite)

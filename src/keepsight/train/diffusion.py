@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..data import IGNORE_INDEX, Sample, render_prompt
+from ..fingerprint import data_fingerprint, dir_fingerprint
 from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions, _positive_int
 
@@ -100,11 +101,15 @@ class DiffusionRecipe(Recipe):
 
     summary_file = SUMMARY_FILE
     marker_file = "config.json"
+    kind = "diffusion-model"
 
     def __init__(self, init: Callable, dataset, options: DiffusionTrainConfig, source: str = ""):
         super().__init__(options)
         self.init, self.data, self.source = init, dataset, source
         self.objective: MaskedDiffusionObjective | None = None
+
+    def request(self) -> dict:
+        return {"base": dir_fingerprint(self.source) if self.source else None, "data": data_fingerprint(self.data)}
 
     def load(self):
         model, processor = self.init()
@@ -129,10 +134,10 @@ class DiffusionRecipe(Recipe):
 
 def train_diffusion(init: Callable, dataset, out: str | os.PathLike, cfg: DiffusionTrainConfig | None = None,
                     stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
-                    source: str = "") -> dict | None:
+                    source: str = "", overwrite: bool = False) -> dict | None:
     """Train the VLM ``init()`` returns on ``dataset`` (``Sample``s); model + processor land in ``out``
     (atomically), with ``diffusion_train.json`` (``source`` recorded as its ``base``). Returns the summary, or
     None when ``stop_after`` ended the run early. ``cfg.batch_size`` is the global batch (see
     ``run_trainer``); only the main process writes."""
     recipe = DiffusionRecipe(init, dataset, cfg or DiffusionTrainConfig(), source)
-    return run_recipe(recipe, out, stop_after, progress, grad_accum)
+    return run_recipe(recipe, out, stop_after, progress, grad_accum, overwrite)

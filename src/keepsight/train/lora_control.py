@@ -8,6 +8,7 @@ the one whose parameter count is nearest PVM's. Saved in PEFT's own format (``ad
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,9 @@ import torch
 from torch import nn
 
 from ..data import VLMCollator
+from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
+from ..models.arch import signature, signature_mismatch
 from ..pvm import PVMBranch, PVMConfig
 from .recipe import Recipe, publish_directory, run_recipe
 from .trainer import TrainOptions
@@ -70,15 +73,21 @@ class LoRARecipe(Recipe):
 
     summary_file = SUMMARY_FILE
     marker_file = "adapter_config.json"
+    kind = "lora-adapter"
 
     def __init__(self, model_dir, dataset, pvm_config: PVMConfig | None, options: LoRATrainConfig):
         super().__init__(options)
         self.model_dir, self.data, self.pvm_config = Path(model_dir), dataset, pvm_config or PVMConfig()
 
+    def request(self) -> dict:
+        return {"base": dir_fingerprint(self.model_dir), "pvm": self.pvm_config.to_dict(),
+                "data": data_fingerprint(self.data)}
+
     def load(self):
         from peft import LoraConfig, get_peft_model  # optional dependency (the `train` extra)
 
         model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
+        self.signature = signature(model)
         self.layers = self.pvm_config.resolve_layers(len(arch_info(model).layers))
         self.target_params = pvm_parameter_count(model, self.pvm_config)
         targets = lora_targets(model, self.layers)
@@ -101,21 +110,22 @@ class LoRARecipe(Recipe):
         return VLMCollator(processor)
 
     def summarise(self, model, processor, logs):
-        return {"base": str(self.model_dir), "layers": self.layers, "rank": self.rank,
-                "lora_parameters": self.n_params, "pvm_parameters": self.target_params}
+        return {"base": str(self.model_dir), "base_signature": self.signature, "layers": self.layers,
+                "rank": self.rank, "lora_parameters": self.n_params, "pvm_parameters": self.target_params}
 
     def publish(self, model, processor, out, summary):
         publish_directory(out, self.summary_file, summary, model, "",
-                          lambda tmp, sd: model.save_pretrained(tmp, state_dict=sd))
+                          lambda tmp, sd: model.save_pretrained(tmp, state_dict=sd), kind=self.kind)
 
 
 def train_lora_control(model_dir: str | os.PathLike, dataset, out: str | os.PathLike,
                        pvm_config: PVMConfig | None = None, cfg: LoRATrainConfig | None = None,
-                       stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+                       stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
+                       overwrite: bool = False) -> dict | None:
     """Train a LoRA matched to the PVM that ``pvm_config`` would add (same layers, nearest size) on ``dataset``
     (``Sample``s). ``cfg.batch_size`` is the global batch (see ``run_trainer``); only the main process writes."""
     recipe = LoRARecipe(model_dir, dataset, pvm_config, cfg or LoRATrainConfig())
-    return run_recipe(recipe, out, stop_after, progress, grad_accum)
+    return run_recipe(recipe, out, stop_after, progress, grad_accum, overwrite)
 
 
 def apply_lora(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
@@ -125,4 +135,17 @@ def apply_lora(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     directory = Path(directory)
     if not (directory / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{directory} is not a LoRA adapter: adapter_config.json is missing")
-    return PeftModel.from_pretrained(model, str(directory)).merge_and_unload().eval()
+    summary = directory / SUMMARY_FILE
+    if summary.is_file():  # trained by keepsight: it records the base it fits (keepsight >= 0.2)
+        try:
+            recorded = json.loads(summary.read_text()).get("base_signature")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{summary} is corrupt ({type(e).__name__}: {e})") from None
+        detail = signature_mismatch(recorded, model) if recorded else None
+        if detail:
+            raise ValueError(f"LoRA adapter {directory} does not fit this model ({detail})")
+    try:
+        return PeftModel.from_pretrained(model, str(directory)).merge_and_unload().eval()
+    except (RuntimeError, ValueError, KeyError) as e:  # shape mismatches, missing target modules
+        raise ValueError(f"LoRA adapter {directory} does not fit this model ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:300]})") from None

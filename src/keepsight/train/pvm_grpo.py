@@ -18,10 +18,11 @@ from pathlib import Path
 
 from transformers import ProcessorMixin
 
+from ..fingerprint import dir_fingerprint
 from ..models import load_checkpoint
 from ..pvm import load_pvm, pvm_report
 from ..pvm.attach import PREFIX
-from ..pvm.io import CONFIG_FILE
+from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import batch_layout, trainer_placement
 from .pvm_sft import publish_adapter, pvm_optimizer, report_batches
 from .recipe import Recipe, Run, run_recipe
@@ -69,6 +70,7 @@ class GRPOData:
     weights: list[float]  # one per reward
     report_items: list = field(default_factory=list)  # ``Sample``s the PVM report is measured on
     max_completion_length: int = 128  # used when the config gives none
+    fingerprint: str = ""  # what the prompts and rewards were made from (recorded with the adapter)
 
     def __post_init__(self) -> None:
         if len(self.rewards) != len(self.weights) or not self.rewards:
@@ -122,11 +124,17 @@ class PVMGRPORecipe(Recipe):
 
     summary_file = SUMMARY_FILE
     marker_file = CONFIG_FILE
+    kind = ADAPTER_KIND
 
     def __init__(self, model_dir, init_pvm, data: GRPOData, options: GRPOTrainConfig):
         super().__init__(options)
         self.model_dir, self.init_pvm, self.data = Path(model_dir), Path(init_pvm), data
         self.trainer = None
+
+    def request(self) -> dict:
+        return {"base": dir_fingerprint(self.model_dir), "init": dir_fingerprint(self.init_pvm),
+                "data": self.data.fingerprint, "rewards": [getattr(r, "__name__", repr(r)) for r in self.data.rewards],
+                "weights": list(self.data.weights)}
 
     def trainable(self, name: str) -> bool:
         return name.startswith(PREFIX)
@@ -225,7 +233,7 @@ def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike
 
 def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, data: GRPOData,
                    out: str | os.PathLike, cfg: GRPOTrainConfig | None = None, stop_after: int | None = None,
-                   progress: bool = True, grad_accum: int = 1) -> dict | None:
+                   progress: bool = True, grad_accum: int = 1, overwrite: bool = False) -> dict | None:
     """GRPO the stage-1 adapter ``init_pvm`` on top of the base in ``model_dir``; adapter -> ``out``
     (written by the main process only under ``accelerate launch``).
 
@@ -233,4 +241,4 @@ def train_pvm_grpo(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, da
     gate values and relative norms before / after), or None when ``stop_after`` ended the run early.
     """
     recipe = PVMGRPORecipe(model_dir, init_pvm, data, cfg or GRPOTrainConfig())
-    return run_recipe(recipe, out, stop_after, progress, grad_accum)
+    return run_recipe(recipe, out, stop_after, progress, grad_accum, overwrite)

@@ -16,12 +16,13 @@ import torch
 
 from ..atomic import write_json
 from ..data import VLMCollator
+from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
 from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
 from ..pvm.attach import PREFIX
-from ..pvm.io import CONFIG_FILE
+from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import main_process_writes, unshard_root
-from .recipe import Recipe, run_recipe
+from .recipe import REQUEST_FILE, Recipe, run_recipe
 from .trainer import TrainOptions, _positive_float
 
 SUMMARY_FILE = "pvm_train.json"
@@ -62,6 +63,7 @@ def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
         save_pvm(model, out)
         write_json(out / summary_file, summary)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        (out / REQUEST_FILE).unlink(missing_ok=True)  # recorded in the summary now
 
     main_process_writes(write)
 
@@ -71,10 +73,15 @@ class PVMSFTRecipe(Recipe):
 
     summary_file = SUMMARY_FILE
     marker_file = CONFIG_FILE
+    kind = ADAPTER_KIND
 
     def __init__(self, model_dir, dataset, pvm_config: PVMConfig | None, options: PVMTrainConfig):
         super().__init__(options)
         self.model_dir, self.data, self.pvm_config = Path(model_dir), dataset, pvm_config or PVMConfig()
+
+    def request(self) -> dict:
+        return {"base": dir_fingerprint(self.model_dir), "pvm": self.pvm_config.to_dict(),
+                "data": data_fingerprint(self.data)}
 
     def load(self):
         model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
@@ -111,13 +118,14 @@ class PVMSFTRecipe(Recipe):
 
 def train_pvm_sft(model_dir: str | os.PathLike, dataset, out: str | os.PathLike,
                   pvm_config: PVMConfig | None = None, cfg: PVMTrainConfig | None = None,
-                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+                  stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
+                  overwrite: bool = False) -> dict | None:
     """Attach PVM to the base in ``model_dir``, train it on ``dataset`` (``Sample``s), write the adapter to ``out``.
 
     Resumable (Trainer checkpoints under ``out/checkpoints``); returns the summary (gate values and
     relative norms before / after), or None when ``stop_after`` ended the run early. ``cfg.batch_size``
     is the global batch, split over the processes of ``accelerate launch`` and ``grad_accum`` steps;
-    only the main process writes.
+    only the main process writes. An existing ``out`` made from another request is refused unless ``overwrite``.
     """
     recipe = PVMSFTRecipe(model_dir, dataset, pvm_config, cfg or PVMTrainConfig())
-    return run_recipe(recipe, out, stop_after, progress, grad_accum)
+    return run_recipe(recipe, out, stop_after, progress, grad_accum, overwrite)

@@ -1,11 +1,17 @@
 """The one recipe skeleton every training run follows: load -> freeze by name -> train -> summarise -> publish.
 
 A ``Recipe`` says what differs (which model, which parameters train, the data, how the output is written);
-``run_recipe`` does the rest the same way for all of them: it returns the published summary at once when
-the output already exists, resumes from Trainer checkpoints under ``<out>/checkpoints``, returns None when
-``stop_after`` ended the run before its last step, and otherwise writes the output atomically from the main
-process (under ``accelerate launch`` too) with the common summary fields: ``train`` (the options),
-``batch_layout``, ``first_loss``, ``last_loss``, ``log_history``.
+``run_recipe`` does the rest the same way for all of them:
+
+- the output directory is checked before anything loads: it must be new, empty, or keepsight's own output of
+  this kind (``keepsight.atomic``), never a directory of the user's;
+- the *request* (the recipe, its options and fingerprints of its model and data) is recorded in the output; an
+  existing output (or an unfinished run's checkpoints) made from another request is refused with the fields
+  that differ, unless ``overwrite`` (``--overwrite``) replaces it; the same request returns the published
+  summary at once (or resumes from the Trainer checkpoints);
+- it returns None when ``stop_after`` ended the run before its last step, and otherwise writes the output
+  atomically from the main process (under ``accelerate launch`` too) with the common summary fields: ``request``,
+  ``train`` (the options), ``batch_layout``, ``first_loss``, ``last_loss``, ``log_history``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from pathlib import Path
 
 from torch import nn
 
-from ..atomic import atomic_save_dir, write_json
-from .distributed import batch_layout, gather_state_dict, main_process_writes
+from ..atomic import atomic_save_dir, check_output_dir, mark, marked_kind, write_json
+from ..fingerprint import differences
+from .distributed import batch_layout, gather_state_dict, main_process_writes, wait_for_everyone
 from .trainer import TrainOptions, run_trainer
 
 
@@ -41,12 +48,17 @@ class Recipe(ABC):
 
     summary_file = "train_summary.json"
     marker_file = "config.json"
+    kind = "model"  # what the output is (keepsight's marker in it; an existing output of another kind is refused)
 
     def __init__(self, options: TrainOptions):
         self.options = options
         self.run: Run | None = None  # set by run_recipe
 
     # ------------------------------------------------------------------ what differs
+    def request(self) -> dict:
+        """What determines the output besides the options (fingerprints of the model and data it is made from)."""
+        return {}
+
     @abstractmethod
     def load(self) -> tuple[nn.Module, object]:
         """The model to train and its processor (or tokenizer)."""
@@ -94,7 +106,8 @@ class Recipe(ABC):
         """Write the output (default: ``save_pretrained`` of the model and processor into ``out`` atomically,
         with the summary; the Trainer checkpoints go with the replaced directory)."""
         publish_directory(out, self.summary_file, summary, self.trainer_module(model), _prefix_of(self, model),
-                          lambda tmp, sd: (model.save_pretrained(tmp, state_dict=sd), processor.save_pretrained(tmp)))
+                          lambda tmp, sd: (model.save_pretrained(tmp, state_dict=sd), processor.save_pretrained(tmp)),
+                          kind=self.kind)
 
     # ------------------------------------------------------------------ shared
     def published(self, out: Path) -> dict | None:
@@ -127,10 +140,11 @@ def losses(logs: list[dict]) -> tuple[float | None, float | None]:
 
 
 def publish_directory(out: Path, summary_file: str, summary: dict, state_root: nn.Module, prefix: str, save,
-                      cleanup: Path | None = None) -> None:
-    """Write ``save(tmpdir, state_dict)`` and the summary into ``out`` atomically from the main process.
-    ``state_dict`` is the full state gathered from FSDP2 shards (entries under ``prefix`` of ``state_root``,
-    prefix removed), or None when the parameters are whole. ``cleanup``: a directory removed afterwards."""
+                      cleanup: Path | None = None, kind: str | None = None) -> None:
+    """Write ``save(tmpdir, state_dict)`` and the summary into ``out`` atomically from the main process, marked as
+    keepsight's ``kind``. ``state_dict`` is the full state gathered from FSDP2 shards (entries under ``prefix``
+    of ``state_root``, prefix removed), or None when the parameters are whole. ``cleanup``: a directory
+    removed afterwards."""
     sd = gather_state_dict(state_root, prefix)  # on every process; None unless FSDP-sharded
 
     def write(tmp: Path) -> None:
@@ -138,19 +152,60 @@ def publish_directory(out: Path, summary_file: str, summary: dict, state_root: n
         write_json(tmp / summary_file, summary)
 
     def publish() -> None:
-        atomic_save_dir(out, write)
+        atomic_save_dir(out, write, kind=kind)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
 
     main_process_writes(publish)
 
 
+REQUEST_FILE = "keepsight_request.json"  # an unfinished run's request, beside its checkpoints
+
+
+def _json_normal(obj):
+    return json.loads(json.dumps(obj, default=str))
+
+
+def prepare_output(recipe: Recipe, out: Path, overwrite: bool) -> dict | None:
+    """Check ``out`` against ``recipe``'s request (see the module docstring); the published summary when ``out``
+    already holds this request's output, else None (``out`` is then ready: marked, with the request recorded)."""
+    done = recipe.published(out)
+    if done is not None and marked_kind(out) is None:  # a complete output of an earlier keepsight version
+        main_process_writes(mark, out, recipe.kind)
+    check_output_dir(out, "--out", kinds=(recipe.kind,))
+    request = _json_normal({"recipe": type(recipe).__name__, "options": dataclasses.asdict(recipe.options),
+                            **recipe.request()})
+    unfinished = out / REQUEST_FILE
+    old = done.get("request") if done is not None else (
+        json.loads(unfinished.read_text()) if unfinished.is_file() else None)
+    if old is not None and old != request:
+        if not overwrite:
+            what = "output" if done is not None else "unfinished run (its checkpoints)"
+            diff = "; ".join(differences(old, request)[:6]) or "the recorded request is missing"
+            raise ValueError(f"--out {out} holds a {recipe.kind} {what} made from another request ({diff}); pass "
+                             "--overwrite (overwrite=True) to replace it, or choose another --out")
+        main_process_writes(shutil.rmtree, out)
+        done = None
+    elif done is not None:
+        return done
+
+    def start() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        mark(out, recipe.kind)
+        write_json(unfinished, request)
+
+    main_process_writes(start)
+    wait_for_everyone()
+    recipe.request_record = request
+    return None
+
+
 def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: bool = True,
-               grad_accum: int = 1) -> dict | None:
+               grad_accum: int = 1, overwrite: bool = False) -> dict | None:
     """Run ``recipe`` into ``out`` (see the module docstring). Returns its summary, or None when ``stop_after``
     ended the run early (run again to resume)."""
     out = Path(out)
-    done = recipe.published(out)
+    done = prepare_output(recipe, out, overwrite)
     if done is not None:
         return done
     recipe.run = Run(out, stop_after, progress, grad_accum)
@@ -163,7 +218,7 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
         return None
     model.eval()
     first, last = losses(logs)
-    summary = {"train": dataclasses.asdict(recipe.options),
+    summary = {"request": recipe.request_record, "train": dataclasses.asdict(recipe.options),
                "batch_layout": batch_layout(recipe.options.batch_size, grad_accum),
                **({"before": before} if before else {}), **recipe.summarise(model, processor, logs),
                "first_loss": first, "last_loss": last, "log_history": logs}

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 from transformers import CLIPVisionModel, LlavaForConditionalGeneration, Qwen3ForCausalLM
 
-from ..atomic import write_json
+from ..atomic import MARKER, check_output_dir, mark, marked_kind, write_json
 from ..data import IGNORE_INDEX, TextCollator, VLMCollator
+from ..fingerprint import differences
 from ..train.distributed import main_process_writes
 from ..train.recipe import Recipe, publish_directory, run_recipe
 from ..train.trainer import TrainOptions
@@ -42,6 +43,8 @@ from .models import (
 from .tasks import TextDataset, VisionCollator, VisionDataset, VLMDataset, WorldSamples
 
 STAGES = ("lm", "vision", "align", "instruct")
+BASE_KIND = "world-base"
+BASE_REQUEST = "keepsight_request.json"
 REQUIRES = {"lm": (), "vision": (), "align": ("lm", "vision"), "instruct": ("align",)}
 DONE_FILE = "keepsight_stage.json"
 
@@ -162,11 +165,15 @@ class StageRecipe(Recipe):
 
     summary_file = DONE_FILE
     marker_file = DONE_FILE
+    kind = "base-stage"
 
     def __init__(self, stage: str, out: Path, train_cfg: TrainConfig, samples: WorldSamples):
         super().__init__(train_cfg.options(stage))
         self.stage, self.base, self.train_cfg, self.samples = stage, Path(out), train_cfg, samples
         self.preset = get_preset(train_cfg.preset)
+
+    def request(self) -> dict:
+        return {"stage": self.stage, "preset": self.train_cfg.preset, "data": self.samples.fingerprint()}
 
     def load(self):
         processor = preset_processor(self.preset)
@@ -224,17 +231,49 @@ class StageRecipe(Recipe):
                 model.save_pretrained(d, state_dict=sd)
                 processor.save_pretrained(d)
         publish_directory(final, self.summary_file, summary, model, "tower." if self.stage == "vision" else "", save,
-                          cleanup=ckpts)
+                          cleanup=ckpts, kind=self.kind)
+
+
+def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overwrite: bool = False) -> None:
+    """Check ``out`` before training a base into it: new, empty, or a base trained with the same config on the
+    same scenes (then finished stages are reused and an unfinished one resumes); another base is refused unless
+    ``overwrite``. Records the config (``train_config.json``) and the request."""
+    request = {"train": train_cfg.to_dict(), "data": samples.fingerprint()}
+    old_cfg = out / "train_config.json"
+    if out.is_dir() and marked_kind(out) is None and old_cfg.is_file():  # a base of an earlier keepsight version
+        main_process_writes(mark, out, BASE_KIND)
+    check_output_dir(out, "--out", kinds=(BASE_KIND,))
+    old = None
+    if (out / BASE_REQUEST).is_file():
+        old = json.loads((out / BASE_REQUEST).read_text())
+    elif old_cfg.is_file():
+        old = {"train": json.loads(old_cfg.read_text()), "data": request["data"]}
+    if old is not None and old != request:
+        if not overwrite:
+            diff = "; ".join(differences(old, request)[:6])
+            raise ValueError(f"--out {out} holds a base trained with other settings ({diff}); pass --overwrite to "
+                             "replace it, or choose another --out")
+        main_process_writes(shutil.rmtree, out)
+
+    def start() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        mark(out, BASE_KIND)
+        write_json(old_cfg, train_cfg.to_dict())
+        write_json(out / BASE_REQUEST, request)
+
+    main_process_writes(start)
 
 
 def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
-                stop_after: int | None = None, progress: bool = True, grad_accum: int = 1) -> dict | None:
+                stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
+                overwrite: bool = False) -> dict | None:
     """Run one stage (resuming if interrupted). Returns its summary, or None if ``stop_after`` ended
     it before the last step (run again to continue). The stage's batch size is the global batch
     (``run_trainer``); under ``accelerate launch`` only the main process writes."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {STAGES}")
     out = Path(out)
+    prepare_base(out, train_cfg, samples, overwrite)
     final, _ = _stage_dirs(out, stage)
     if (final / DONE_FILE).is_file():
         return json.loads((final / DONE_FILE).read_text())
@@ -273,7 +312,7 @@ def finalize(out: str | os.PathLike) -> Path:
 
     def copy() -> None:
         for f in src.iterdir():
-            if f.name == DONE_FILE:
+            if f.name in (DONE_FILE, MARKER):
                 continue
             tmp = out / f".{f.name}.tmp"
             shutil.copy2(f, tmp)
@@ -284,11 +323,12 @@ def finalize(out: str | os.PathLike) -> Path:
 
 
 def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
-               stages: tuple[str, ...] = STAGES, progress: bool = True, grad_accum: int = 1) -> dict:
-    """Run ``stages`` in order (skipping finished ones) and finalise when all four are done."""
+               stages: tuple[str, ...] = STAGES, progress: bool = True, grad_accum: int = 1,
+               overwrite: bool = False) -> dict:
+    """Run ``stages`` in order (skipping finished ones) and finalise when all four are done. ``out`` must be new,
+    empty or a base of the same request (``prepare_base``)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    main_process_writes(write_json, out / "train_config.json", train_cfg.to_dict())
+    prepare_base(out, train_cfg, samples, overwrite)
     summaries = {}
     for stage in stages:
         summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum)

@@ -3,27 +3,37 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from pathlib import Path
 
 import datasets
 
-from ..atomic import atomic_save_dir
+from ..atomic import atomic_save_dir, check_output_dir, marked_kind
 from .config import WorldConfig
 from .render import png_bytes, render
 from .scene import Scene, sample_scene
 from .texts import caption, description, open_questions, yes_no_questions
 
+WORLD_KIND = "world"
 WORLD_FILE = "world.json"
 SCENES_FILE = "scenes.jsonl"
 IMAGES_DIR = "images"
 
 
+def iter_scenes(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0):
+    """Scenes ``start .. start+n-1`` of the world with ``seed``, one at a time (each depends only on seed and
+    index)."""
+    for name, value, low in (("n", n, 0), ("seed", seed, 0), ("start", start, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    for i in range(n):
+        yield sample_scene(config, seed, start + i, n_objects=n_objects)
+
+
 def generate(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0) -> list[Scene]:
     """Scenes ``start .. start+n-1`` of the world with ``seed`` (each scene depends only on seed and index)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    return [sample_scene(config, seed, start + i, n_objects=n_objects) for i in range(n)]
+    return list(iter_scenes(config, n, seed, n_objects, start))
 
 
 def scene_record(scene: Scene, config: WorldConfig) -> dict:
@@ -42,20 +52,25 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
                 n_objects: int | None = None, overwrite: bool = False) -> Path:
     """Write ``n`` scenes to ``out``: ``images/<id>.png``, ``scenes.jsonl`` and ``world.json``.
 
-    The directory is assembled in a temporary sibling and renamed into place, so a crash never leaves
-    a half-written world behind.
+    Scenes are drawn and written one at a time into a temporary sibling directory, renamed into place at the
+    end, so a crash or a signal never leaves a half-written world behind. ``overwrite`` replaces only a world
+    keepsight wrote, never another directory.
     """
     out = Path(out)
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
     if out.exists():
         if not overwrite:
             raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+        if not is_world(out):
+            raise ValueError(f"--out {out} exists and is not a keepsight world; --overwrite replaces only a world "
+                             "that keepsight wrote (its .keepsight marker), refusing to delete it")
+    check_output_dir(out, "--out", kinds=(WORLD_KIND,))
 
     def write(tmp: Path) -> None:
         (tmp / IMAGES_DIR).mkdir()
         with open(tmp / SCENES_FILE, "w") as f:
-            for scene in generate(config, n, seed, n_objects=n_objects):
+            for scene in iter_scenes(config, n, seed, n_objects=n_objects):
                 rel = f"{IMAGES_DIR}/{scene.id}.png"
                 (tmp / rel).write_bytes(png_bytes(render(scene, config.noise_std)))
                 rec = {"image": rel, **scene_record(scene, config)}
@@ -63,8 +78,18 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
         meta = {"config": config.to_dict(), "seed": seed, "n": n, "n_objects": n_objects}
         (tmp / WORLD_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
-    atomic_save_dir(out, write)
+    atomic_save_dir(out, write, kind=WORLD_KIND)
     return out
+
+
+def is_world(path: str | os.PathLike) -> bool:
+    """A directory keepsight wrote as a world (its marker, or the world files of an earlier keepsight version and
+    nothing else)."""
+    path = Path(path)
+    if marked_kind(path) == WORLD_KIND:
+        return True
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    return {WORLD_FILE, SCENES_FILE} <= names and names <= {WORLD_FILE, SCENES_FILE, IMAGES_DIR}
 
 
 def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
@@ -79,8 +104,8 @@ def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
                                     f"(build one with `keepsight world build --out {path}`)")
     try:
         config = WorldConfig.from_dict(json.loads(meta_file.read_text())["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{meta_file} is corrupt: {e}") from e
+    except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{meta_file} is corrupt: {e}") from None
     records = []
     with open(scenes_file) as fh:
         for lineno, line in enumerate(fh, 1):
@@ -90,8 +115,8 @@ def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
                 rec = json.loads(line)
                 img = path / rec["image"]
                 Scene.from_dict(rec["scene"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{scenes_file}:{lineno} is corrupt: {e!r}") from e
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{scenes_file}:{lineno} is corrupt: {e!r}") from None
             if not img.is_file():
                 raise FileNotFoundError(f"{scenes_file}:{lineno}: image {img} is missing")
             rec["image"] = str(img)

@@ -7,6 +7,7 @@ import numpy as np
 from datasets import Dataset
 
 from ..data import user_message
+from ..fingerprint import digest
 from ..train.pvm_grpo import GRPOData
 from . import rewards
 from .evaluate import description_budget
@@ -58,4 +59,5 @@ def world_grpo_data(samples: WorldSamples, tasks=("describe", "open"), seed: int
     report = instruct_data(samples, seed)
     return GRPOData(dataset=grpo_dataset(samples, tasks, seed), rewards=[rewards.answer_reward, rewards.format_reward],
                     weights=[1.0, float(format_weight)], report_items=[report[i] for i in range(min(8, len(report)))],
-                    max_completion_length=description_budget(samples.config.max_objects))
+                    max_completion_length=description_budget(samples.config.max_objects),
+                    fingerprint=digest([samples.fingerprint(), tasks, seed]))

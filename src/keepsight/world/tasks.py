@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from ..data import IGNORE_INDEX, Sample
+from ..fingerprint import digest
 from .config import WorldConfig
 from .render import render
 from .scene import Scene
@@ -39,16 +40,28 @@ class WorldSamples:
 
     @classmethod
     def from_records(cls, config: WorldConfig, records: list[dict]) -> WorldSamples:
-        """From ``read_world`` records (images loaded from their PNG files)."""
+        """From ``read_world`` records (images loaded from their PNG files; each must be an image of the world's
+        size, since its scene graph is the ground truth for exactly that picture)."""
         scenes = [Scene.from_dict(r["scene"]) for r in records]
         images = []
+        side = config.image_size
         for r in records:
-            with Image.open(r["image"]) as im:
-                images.append(im.convert("RGB"))
+            try:
+                with Image.open(r["image"]) as im:
+                    images.append(im.convert("RGB"))
+            except (OSError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+                raise ValueError(f"{r['image']} is not a readable image ({type(e).__name__}: {e})") from None
+            if images[-1].size != (side, side):
+                raise ValueError(f"{r['image']} is {images[-1].size[0]}x{images[-1].size[1]} pixels but the world "
+                                 f"(world.json) draws {side}x{side}: its scene graph would not describe it")
         return cls(config, scenes, images)
 
     def __len__(self) -> int:
         return len(self.scenes)
+
+    def fingerprint(self) -> str:
+        """The world and the scenes (a scene is a function of its id: seed and index)."""
+        return digest([self.config.to_dict(), [s.id for s in self.scenes]])
 
 
 # ----------------------------------------------------------------------------- text-only LM
@@ -64,6 +77,9 @@ class TextDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def fingerprint(self) -> str:
+        return digest(self.texts)
 
     def __getitem__(self, i: int) -> dict:
         return {"text": self.texts[i]}
@@ -86,6 +102,9 @@ class VisionDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def fingerprint(self) -> str:
+        return self.samples.fingerprint()
 
     def __getitem__(self, i: int) -> dict:
         s = self.samples.scenes[i]
@@ -154,6 +173,9 @@ class VLMDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def fingerprint(self) -> str:
+        return digest([self.samples.fingerprint(), self.items])
 
     def __getitem__(self, i: int) -> Sample:
         k, prompt, answer = self.items[i]
