@@ -33,7 +33,7 @@ def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0):
     torch.manual_seed(seed)
     if p.arch == "llava":
         processor = preset_processor(p)
-        build_model(p, processor.tokenizer).save_pretrained(out)
+        build_model(p, processor.tokenizer, seed=seed).save_pretrained(out)
         processor.save_pretrained(out)
         return out
     tok = build_processor().tokenizer
@@ -41,7 +41,7 @@ def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0):
     side = p.image_size
     ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side, patch_size=p.patch_size,
                                   merge_size=2, temporal_patch_size=2)
-    build_model(p, tok).save_pretrained(out)
+    build_model(p, tok, seed=seed).save_pretrained(out)
     tok.save_pretrained(out)
     ip.save_pretrained(out)
     return out

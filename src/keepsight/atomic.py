@@ -23,6 +23,14 @@ def _umask() -> int:
 _MODE = 0o777 & ~_umask()  # what a directory made by mkdir gets under this process's umask
 
 
+def use_umask(path: Path) -> None:
+    """Give ``path`` (a file, or a directory and everything in it) the modes ``open`` / ``mkdir`` would under this
+    process's umask: mkdtemp makes 0700 directories and some writers (safetensors) 0600 files."""
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in paths:
+        os.chmod(p, _MODE if p.is_dir() else _MODE & 0o666)
+
+
 def make_temp_dir(parent: Path, prefix: str) -> Path:
     """A fresh directory under ``parent`` with the permissions ``mkdir`` would give it (``mkdtemp``'s are 0700)."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
@@ -68,6 +76,7 @@ def atomic_save_dir(out: str | os.PathLike, write, kind: str | None = None) -> P
         write(tmp)
         if kind is not None:
             mark(tmp, kind)
+        use_umask(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

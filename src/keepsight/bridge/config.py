@@ -28,6 +28,10 @@ def check_visual_tokens(x: torch.Tensor, d_vision: int, name: str = "x") -> None
         raise ValueError(f"{name} contains non-finite values (NaN or inf)")
 
 
+MAX_SCALES = 64  # timescales: the paper uses 4; more than this is a mistake, not a setting
+MAX_KERNEL = 64  # the causal conv's width over tokens (the paper: short, 4)
+
+
 @dataclass
 class LiaMtrConfig:
     """LIA-MTR projector: d_vision -> d_model through a d_inner-wide multi-scale retention.
@@ -75,16 +79,16 @@ class LiaMtrConfig:
                 raise ValueError(f"n_scales = {self.n_scales} but lambdas has {len(self.lambdas)} entries")
         if self.n_scales is None:
             self.n_scales = 4
-        if not _is_int(self.n_scales) or self.n_scales < 1:
-            raise ValueError(f"n_scales must be an int >= 1, got {self.n_scales!r}")
+        if not _is_int(self.n_scales) or not 1 <= self.n_scales <= MAX_SCALES:
+            raise ValueError(f"n_scales must be an int in [1, {MAX_SCALES}], got {self.n_scales!r}")
         for field in ("lambda_min", "lambda_max"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
                 raise ValueError(f"{field} must lie strictly in (0, 1), got {value!r}")
         if self.lambda_min > self.lambda_max:
             raise ValueError(f"lambda_min ({self.lambda_min}) must be <= lambda_max ({self.lambda_max})")
-        if not _is_int(self.conv_kernel) or self.conv_kernel < 0:
-            raise ValueError(f"conv_kernel must be an int >= 0 (0 = no conv), got {self.conv_kernel!r}")
+        if not _is_int(self.conv_kernel) or not 0 <= self.conv_kernel <= MAX_KERNEL:
+            raise ValueError(f"conv_kernel must be an int in [0, {MAX_KERNEL}] (0 = no conv), got {self.conv_kernel!r}")
         if not _is_int(self.chunk_size) or self.chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
         if not isinstance(self.use_gate, bool):

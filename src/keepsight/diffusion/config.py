@@ -63,7 +63,7 @@ class MPSConfig(_PaperDefaults):
     seed: int = 0  # prior="random": the Gaussian basis
 
     def __post_init__(self) -> None:
-        if self.prior not in PRIORS:
+        if not isinstance(self.prior, str) or self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
         self.k = _number("k", self.k, low=1, integer=True)
         self.lam = _number("lam", self.lam, low=0.0, high=1.0)
@@ -97,9 +97,9 @@ class MRSConfig(_PaperDefaults):
     segments: str | Iterable[str] = "all"  # tokens scaled: "all" or a subset of visual / prompt / generation
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
-        if self.mode not in MODES:
+        if not isinstance(self.mode, str) or self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         self.beta = _number("beta", self.beta, low=0.0, high=100.0)  # larger gains overflow the logits
         self.eta = _number("eta", self.eta, low=0.0, high=1e3)
@@ -107,6 +107,9 @@ class MRSConfig(_PaperDefaults):
         if self.schedule in ("sigmoid", "power") and self.eta <= 0:
             raise ValueError(f"the {self.schedule} schedule needs eta > 0, got {self.eta}")
         if self.segments != "all":
+            if not isinstance(self.segments, (str, list, tuple, set, frozenset)) or not all(
+                    isinstance(x, str) for x in ([self.segments] if isinstance(self.segments, str) else self.segments)):
+                raise ValueError(f"segments must be 'all' or a list of {SEGMENTS}, got {self.segments!r}")
             segs = frozenset([self.segments] if isinstance(self.segments, str) else self.segments)
             bad = sorted(segs - set(SEGMENTS))
             if bad or not segs:

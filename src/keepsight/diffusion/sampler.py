@@ -95,6 +95,9 @@ def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
     block_length = _int("block_length", block_length)
     if gen_length % block_length:
         raise ValueError(f"block_length {block_length} must be >= 1 and divide gen_length {gen_length}")
+    if steps > gen_length:
+        raise ValueError(f"steps {steps} exceed gen_length {gen_length}: a step commits at least one token, so at "
+                         "most gen_length steps can commit anything")
     n_blocks = gen_length // block_length
     if steps % n_blocks:
         raise ValueError(f"steps {steps} must be divisible by the number of blocks {n_blocks} "

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..atomic import make_temp_dir, mark
+from ..atomic import make_temp_dir, mark, use_umask
 from ..models.arch import signature, signature_mismatch
 from .attach import attach_pvm, detach_pvm, pvm_state_dict
 from .config import PVMConfig
@@ -34,6 +34,7 @@ def save_pvm(model: nn.Module, directory: str | os.PathLike) -> Path:
         tensors = {k: v.contiguous().cpu() for k, v in pvm_state_dict(model).items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        use_umask(tmp)
         for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: a config never points at missing weights
             os.replace(tmp / name, directory / name)
         mark(directory, ADAPTER_KIND)
