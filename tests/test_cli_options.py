@@ -9,13 +9,23 @@ import pytest
 from keepsight.cli import build_parser
 from keepsight.commands.options import nonneg_float, nonneg_int, positive_float, positive_int, run_name
 
-BAD = {
-    positive_int: ["0", "-1", "1.5", "nan", "x", "1e12"],
-    nonneg_int: ["-1", "2.5", "nan", "x"],
-    positive_float: ["0", "-1", "nan", "inf", "x"],
-    nonneg_float: ["-0.5", "nan", "-inf", "x"],
-    run_name: ["../../x", "", ".", "..", "a/b", "-x"],
-}
+NAMES = ["../../x", "", ".", "..", "a/b", "-x"]
+
+
+def bad_values(kind) -> list[str] | None:
+    """Values outside what an option type accepts (its declared range), or None for other types."""
+    if kind is run_name:
+        return NAMES
+    accepts = getattr(kind, "accepts", None)
+    if accepts is None:
+        return None
+    if accepts[0] == "int":
+        _, low, high = accepts
+        return [str(low - 1), str(low - 5), "1.5", "nan", "x", "1e12", *([str(high + 1)] if high is not None else [])]
+    _, low, open_low = accepts
+    return [str(low - 1), "nan", "inf", "-inf", "x", *([str(low)] if open_low else [])]
+
+
 GOOD = {positive_int: "3", nonneg_int: "0", positive_float: "0.5", nonneg_float: "0", run_name: "ok-1.run"}
 
 
@@ -34,12 +44,12 @@ def _cases():
         required = []
         for a in parser._actions:
             if a.required and a.option_strings:
-                required += [a.option_strings[0], "1" if a.type in BAD else str(a.choices[0] if a.choices else "x")]
+                required += [a.option_strings[0], "1" if bad_values(a.type) else str(a.choices[0] if a.choices else "x")]
             elif a.required and not a.option_strings:  # a positional (bench NAME)
                 required.append(str(list(a.choices)[0]) if a.choices else "x")
         for a in parser._actions:
-            if a.type in BAD and a.option_strings:
-                for bad in BAD[a.type]:
+            if bad_values(a.type) and a.option_strings:
+                for bad in bad_values(a.type):
                     nargs = a.nargs if isinstance(a.nargs, int) else 1
                     yield pytest.param(prefix, required, a, bad, nargs, id=f"{' '.join(prefix)} {a.option_strings[0]}={bad}")
 
@@ -64,6 +74,6 @@ def test_a_bad_value_is_an_error_naming_the_option(prefix, required, action, bad
     assert f"argument {'/'.join(action.option_strings)}" in err and "expected" in err, err
 
 
-@pytest.mark.parametrize("kind", list(BAD))
+@pytest.mark.parametrize("kind", list(GOOD))
 def test_good_values_pass(kind):
     assert kind(GOOD[kind]) is not None

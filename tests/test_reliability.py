@@ -151,10 +151,21 @@ def test_demo_name_stays_inside_runs(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_world_build_refuses_what_the_disk_cannot_hold(tmp_path, capsys):
+    assert main(["world", "build", "--out", str(tmp_path / "huge"), "--n", str(10**12)]) == 2
+    assert "GiB on disk" in _error(capsys) and not list(tmp_path.iterdir())
+
+
 def test_world_build_cleans_up_on_a_signal(tmp_path):
+    import shutil
+
+    from keepsight.world import world_config
+    from keepsight.world.dataset import scene_bytes
+
+    n = min(100_000, int(0.4 * shutil.disk_usage(tmp_path).free / scene_bytes(world_config())))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "keepsight.cli", "world", "build", "--out", str(tmp_path / "big"),
-                             "--n", str(10**9)], env=env, stderr=subprocess.PIPE, text=True)
+                             "--n", str(n)], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not list(tmp_path.glob(".big.tmp*/images/*.png")) and time.time() < deadline:
         time.sleep(0.2)  # until it is writing scenes (streamed: none is held in memory)
@@ -258,7 +269,7 @@ def test_sampler_checks_positions_and_image_inputs(env):
     model, processor = load_checkpoint(env / "llada", dtype="float32", device="cpu")
     enc = processor(text=[chat_example(processor, "describe the image in detail .")],
                     images=[Image.new("RGB", (64, 64))], return_tensors="pt")
-    with pytest.raises(ValueError, match="exceed the model's max_position_embeddings 1024"):
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 1024"):
         generate(model, enc["input_ids"], gen_length=10**6, steps=1)
     with pytest.raises(ValueError, match="pixel_values is None"):
         generate(model, enc["input_ids"], gen_length=4, steps=4)

@@ -52,6 +52,19 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     return path
 
 
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a sibling temporary file (removed if the write fails)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def mark(directory: str | os.PathLike, kind: str) -> None:
     """Record in ``directory`` that keepsight wrote it, as a ``kind`` (world, model, adapter, run, ...)."""
     Path(directory, MARKER).write_text(json.dumps({"kind": kind}))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .atomic import check_output_dir, mark, write_json
+from .atomic import check_output_dir, mark, write_json, write_text
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
@@ -209,8 +209,9 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         sections += EXPERIMENTS[exp_name].report(res, out)
         summary += "\n" + EXPERIMENTS[exp_name].markdown(res)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
+    write_text(out / "results.md", f"# keepsight demo ({profile.name} profile)\n\n{summary}\n")
     print(summary, flush=True)
-    log(f"wrote {out / 'results.json'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
+    log(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
 
 

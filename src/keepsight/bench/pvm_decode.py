@@ -36,6 +36,9 @@ def _decode_time(model, inputs, new_tokens: int, repeats: int) -> float:
 
 @torch.no_grad()
 def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 64, repeats: int = 3) -> dict:
+    if new_tokens < 2:
+        raise ValueError(f"--new-tokens {new_tokens}: the decode time is measured over new_tokens - 1 cached steps; "
+                         "give at least 2")
     tok = build_tokenizer()
     model = build_model(MID, tok)
     ip = Qwen2VLImageProcessorPil(min_pixels=MID.image_size**2, max_pixels=MID.image_size**2,

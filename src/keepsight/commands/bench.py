@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..atomic import check_output_dir, mark
 from ..bench import bridge_memory, diffusion, needle, probe_overhead, pvm_decode, scan
-from .options import positive_float, positive_int
+from .options import bounded_int, positive_float
 
 KIND = "bench"
 
@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
     bn.add_argument("name", choices=list(BENCHMARKS))
     bn.add_argument("--out", default="runs/bench")
-    bn.add_argument("--batch", type=positive_int, default=8)
-    bn.add_argument("--new-tokens", type=positive_int, default=128)
-    bn.add_argument("--repeats", type=positive_int, default=3)
+    bn.add_argument("--batch", type=bounded_int(1, 1024), default=8)
+    bn.add_argument("--new-tokens", type=bounded_int(1, 4096), default=128)
+    bn.add_argument("--repeats", type=bounded_int(1, 1000), default=3)
     bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "
                     "predicted to need more")
     bn.set_defaults(func=run)

@@ -15,17 +15,23 @@ from ..world.dataset import read_world
 from ..world.tasks import WorldSamples
 
 
-def _integer(low: int, what: str):
+def _integer(low: int, what: str, high: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < low:
+        if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         return value
 
+    parse.accepts = ("int", low, high)  # read by the tests that try values outside the range
     return parse
+
+
+def bounded_int(low: int, high: int):
+    """An integer in [low, high] (options whose huge values are mistakes, e.g. a benchmark's repeats)."""
+    return _integer(low, f"an integer in [{low}, {high}]", high)
 
 
 def _real(low: float, what: str, open_low: bool):
@@ -38,6 +44,7 @@ def _real(low: float, what: str, open_low: bool):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
 
+    parse.accepts = ("float", low, open_low)
     return parse
 
 

@@ -7,8 +7,9 @@ from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
 from ..world.base import BASE_KIND, STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
-from ..world.dataset import build_world, generate
+from ..world.dataset import build_world, check_in_memory, generate
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
 from ..world.tasks import WorldSamples
 from .options import (
     nonneg_int,
@@ -46,6 +47,12 @@ def add_parser(sub) -> None:
     world_args(t)
     t.set_defaults(func=run_train)
 
+    tn = world.add_parser("tiny", help="write a tiny random checkpoint of a preset (to try the loader and methods)")
+    tn.add_argument("--preset", required=True, choices=list(TINY_CHECKPOINTS))
+    tn.add_argument("--out", required=True)
+    tn.add_argument("--seed", type=nonneg_int, default=0)
+    tn.set_defaults(func=run_tiny)
+
     e = world.add_parser("eval", help="score a trained model on a world directory")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)
@@ -64,12 +71,20 @@ def run_build(args) -> int:
     return 0
 
 
+def run_tiny(args) -> int:
+    check_output_dir(args.out, "--out", kinds=(TINY_KIND,))
+    path = save_tiny_checkpoint(args.preset, args.out, seed=args.seed)
+    print(f"wrote a random {args.preset} checkpoint to {path} (untrained: for trying keepsight, not for results)")
+    return 0
+
+
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(BASE_KIND,), inputs=[args.data])
     if args.data:
         samples = read_samples(args.data)
     else:
         cfg = world_from_args(args)
+        check_in_memory(cfg, args.n)
         samples = WorldSamples.from_scenes(cfg, generate(cfg, args.n, seed=args.seed))
     tc = TrainConfig(preset=args.preset, seed=args.seed)
     for stage in STAGES:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..models.arch import check_length
+
 REMASKING = ("low_confidence", "random")
 
 
@@ -109,13 +111,7 @@ def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
     return n_blocks, steps // n_blocks
 
 
-def _max_positions(model) -> int | None:
-    config = getattr(model, "config", None)
-    for cfg in (getattr(config, "text_config", None), config):
-        n = getattr(cfg, "max_position_embeddings", None)
-        if isinstance(n, int) and n > 0:
-            return n
-    return None
+
 
 
 @torch.no_grad()
@@ -154,10 +150,7 @@ def generate(
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, P], got shape {tuple(input_ids.shape)}")
     B, P = input_ids.shape
-    limit = _max_positions(model)
-    if limit is not None and P + gen_length > limit:
-        raise ValueError(f"gen_length {gen_length} + prompt {P} = {P + gen_length} positions exceed the model's "
-                         f"max_position_embeddings {limit}")
+    check_length(model, gen_length, "gen_length", prompt=P)
     image_token = getattr(getattr(model, "config", None), "image_token_id", None)
     if pixel_values is None and image_token is not None and bool((input_ids == image_token).any()):
         raise ValueError("the prompt holds image tokens but pixel_values is None: the image slots would never be "

@@ -206,6 +206,24 @@ def signature_mismatch(recorded: dict, model: nn.Module) -> str | None:
     return ", ".join(diff) or None
 
 
+def max_positions(model: nn.Module) -> int | None:
+    """The text model's ``max_position_embeddings`` (None when its config names none)."""
+    config = getattr(model, "config", None)
+    for cfg in (getattr(config, "text_config", None), config):
+        n = getattr(cfg, "max_position_embeddings", None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def check_length(model: nn.Module, n: int, name: str, prompt: int = 0) -> None:
+    """A ValueError naming ``name`` when ``prompt + n`` positions exceed what the model has."""
+    limit = max_positions(model)
+    if limit is not None and prompt + n > limit:
+        raise ValueError(f"{name} {n}{f' + prompt {prompt}' if prompt else ''} exceeds the model's "
+                         f"max_position_embeddings {limit}")
+
+
 def check_layers(layers, n_layers: int) -> list[int]:
     """Validate layer indices (negative indices count from the end); None means all layers."""
     if layers is None:

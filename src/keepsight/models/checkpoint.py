@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
@@ -37,6 +36,7 @@ from .arch import ARCHITECTURES, arch_spec, kind_of, supported
 from .llada import load_llada_v
 from .processors import QwenImageProcessor
 from .registry import register_model_types
+from .weights import check_weights
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -100,38 +100,6 @@ def checkpoint_kind(path: str | os.PathLike) -> str:
         raise ValueError(f"{path}: unsupported architecture model_type={kind!r} (a text-only language model); "
                          f"{supported()}")
     return kind
-
-
-def check_weights(path: str | os.PathLike) -> list[Path]:
-    """The directory's weight files, each a readable safetensors file (header and data within the file); a clear
-    error naming the file otherwise (a truncated or zero-byte download, a missing shard)."""
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{index} is corrupt: {e}") from None
-        files = [path / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path}: weight shards {missing} named in {index.name} are missing")
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        if any(path.glob("pytorch_model*.bin")):
-            return sorted(path.glob("pytorch_model*.bin"))
-        raise FileNotFoundError(f"{path} holds no model weights (*.safetensors)")
-    for f in files:
-        try:
-            with safe_open(f, "pt") as fh:
-                keys = list(fh.keys())
-                if keys:
-                    fh.get_slice(keys[-1])  # the header's offsets are checked against the file's size
-        except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
-            raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e}); the file is "
-                             "truncated, empty or not safetensors") from None
-    return files
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "auto",

@@ -62,6 +62,8 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.output_capturing import capture_outputs
 
+from .weights import check_weights
+
 
 @strict
 class LladaConfig(LlamaConfig):
@@ -267,10 +269,13 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
     """
     register_llada()
     directory = Path(directory)
+    check_weights(directory)
     if config is None and (directory / "config.json").is_file() and has_hf_layout(directory):
         raw = json.loads((directory / "config.json").read_text())
-        cls = LlavaForConditionalGeneration if raw.get("model_type") == "llava" else LladaForMaskedDiffusion
-        return cls.from_pretrained(directory, dtype=dtype or "auto").eval()
+        if raw.get("model_type") != "llava" or (raw.get("text_config") or {}).get("model_type") != "llada":
+            raise ValueError(f"{directory} holds a {raw.get('model_type')!r} model, not a LLaDA-V-style VLM (a llava "
+                             "config with a llada text_config); load it with keepsight.models.load_checkpoint")
+        return LlavaForConditionalGeneration.from_pretrained(directory, dtype=dtype or "auto").eval()
     if config is None:
         path = directory / "config.json"
         if not path.exists():

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..data import IGNORE_INDEX, Sample, render_prompt
 from ..fingerprint import data_fingerprint, dir_fingerprint
+from ..models.arch import check_length
 from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions, _positive_int
 
@@ -113,6 +114,7 @@ class DiffusionRecipe(Recipe):
 
     def load(self):
         model, processor = self.init()
+        check_length(model, self.options.answer_length, "answer_length")
         self.objective = MaskedDiffusionObjective(model, processor.tokenizer.mask_token_id, self.options.eps)
         return model, processor
 

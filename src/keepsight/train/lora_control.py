@@ -20,6 +20,7 @@ from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
 from ..models.arch import signature, signature_mismatch
+from ..models.weights import check_weights
 from ..pvm import PVMBranch, PVMConfig
 from .recipe import Recipe, publish_directory, run_recipe
 from .trainer import TrainOptions
@@ -133,8 +134,18 @@ def apply_lora(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     from peft import PeftModel  # optional dependency (the `train` extra)
 
     directory = Path(directory)
-    if not (directory / "adapter_config.json").is_file():
+    config = directory / "adapter_config.json"
+    if not config.is_file():
         raise FileNotFoundError(f"{directory} is not a LoRA adapter: adapter_config.json is missing")
+    try:
+        json.loads(config.read_text())
+    except ValueError as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    weights = [directory / n for n in ("adapter_model.safetensors", "adapter_model.bin") if (directory / n).is_file()]
+    if not weights:
+        raise FileNotFoundError(f"{directory} is not a LoRA adapter: adapter_model.safetensors is missing")
+    if weights[0].suffix == ".safetensors":
+        check_weights(directory, [weights[0]])
     summary = directory / SUMMARY_FILE
     if summary.is_file():  # trained by keepsight: it records the base it fits (keepsight >= 0.2)
         try:

@@ -20,6 +20,7 @@ from transformers import ProcessorMixin
 
 from ..fingerprint import dir_fingerprint
 from ..models import load_checkpoint
+from ..models.arch import check_length
 from ..pvm import load_pvm, pvm_report
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
@@ -29,6 +30,7 @@ from .recipe import Recipe, Run, run_recipe
 from .trainer import TrainOptions, _positive_float, _positive_int, last_complete_checkpoint, stop_at
 
 SUMMARY_FILE = "pvm_grpo.json"
+MAX_COMPLETIONS = 1 << 16  # completions one optimizer step generates
 
 
 @dataclass(kw_only=True)
@@ -57,8 +59,11 @@ class GRPOTrainConfig(TrainOptions):
         self.temperature = _positive_float("temperature", self.temperature)
         if self.max_completion_length is not None:
             self.max_completion_length = _positive_int("max_completion_length", self.max_completion_length)
-        if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not self.beta >= 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not 0 <= self.beta < float("inf"):
+            raise ValueError(f"beta must be >= 0 and finite, got {self.beta!r}")
+        if self.batch_size > MAX_COMPLETIONS:
+            raise ValueError(f"prompts_per_step x num_generations = {self.batch_size} completions a step; at most "
+                             f"{MAX_COMPLETIONS}")
 
 
 @dataclass
@@ -154,6 +159,11 @@ class PVMGRPORecipe(Recipe):
             raise ValueError(f"GRPO (TRL) needs the checkpoint's own processor class; {self.model_dir} loaded an "
                              f"image-only {type(processor).__name__} because torchvision is missing - install "
                              "torchvision (with a matching torch) to run stage 2 on Qwen-VL")
+        completion = cfg.max_completion_length or self.data.max_completion_length
+        check_length(model, completion, "max_completion_length")
+        if cfg.prompts_per_step > len(self.data.dataset):
+            raise ValueError(f"prompts_per_step {cfg.prompts_per_step} exceeds the {len(self.data.dataset)} prompts of "
+                             "the data: no full step could be drawn")
         load_pvm(model, self.init_pvm)
         for name, p in model.named_parameters():
             p.requires_grad = self.trainable(name)
@@ -167,7 +177,7 @@ class PVMGRPORecipe(Recipe):
             per_device_train_batch_size=layout["per_device_batch_size"],
             gradient_accumulation_steps=layout["grad_accum"],
             num_generations=cfg.num_generations,
-            max_completion_length=cfg.max_completion_length or self.data.max_completion_length,
+            max_completion_length=completion,
             temperature=cfg.temperature,
             beta=cfg.beta,
             learning_rate=cfg.lr,

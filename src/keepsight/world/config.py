@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass
 
 from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS
@@ -17,6 +19,7 @@ ALL_SIZES = ("small", "large")
 # The smallest cell (pixels) in which a large object plus jitter still fits without overlapping.
 MIN_CELL_PX = 8
 MAX_GRID = len(ROW_LETTERS)  # cells are named a1 .. j10
+MAX_IMAGE = 2048  # pixels a side: the world's scenes are drawn for small models
 
 
 @dataclass
@@ -39,7 +42,13 @@ class WorldConfig:
     noise_std: float = 6.0  # std of per-pixel Gaussian noise (0-255 scale); 0 for clean images
 
     def __post_init__(self) -> None:
-        self.grid = tuple(int(g) for g in self.grid)
+        if isinstance(self.image_size, bool) or not isinstance(self.image_size, numbers.Integral) \
+                or not 8 <= self.image_size <= MAX_IMAGE:
+            raise ValueError(f"image_size must be an integer in [8, {MAX_IMAGE}] pixels, got {self.image_size!r}")
+        try:
+            self.grid = tuple(int(g) for g in self.grid)
+        except (TypeError, ValueError):
+            raise ValueError(f"grid must be two positive ints (rows, cols), got {self.grid!r}") from None
         for name in ("scenes", "shapes", "colours", "sizes"):
             setattr(self, name, tuple(getattr(self, name)))
         if len(self.grid) != 2 or min(self.grid) < 1:
@@ -76,6 +85,10 @@ class WorldConfig:
         for name in ("prior_colour", "prior_shape", "jitter"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("prior_colour", "prior_shape", "jitter", "noise_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.noise_std < 0:
             raise ValueError(f"noise_std must be >= 0, got {self.noise_std}")
 

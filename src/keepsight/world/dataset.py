@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import shutil
 from pathlib import Path
 
 import datasets
@@ -66,6 +67,11 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
             raise ValueError(f"--out {out} exists and is not a keepsight world; --overwrite replaces only a world "
                              "that keepsight wrote (its .keepsight marker), refusing to delete it")
     check_output_dir(out, "--out", kinds=(WORLD_KIND,))
+    need = n * scene_bytes(config, seed, n_objects)
+    free = shutil.disk_usage(_existing_parent(out)).free
+    if need > 0.9 * free:
+        raise ValueError(f"--n {n}: {n} scenes need about {need / 2**30:.1f} GiB on disk and {free / 2**30:.1f} GiB "
+                         "are free")
 
     def write(tmp: Path) -> None:
         (tmp / IMAGES_DIR).mkdir()
@@ -80,6 +86,32 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
 
     atomic_save_dir(out, write, kind=WORLD_KIND)
     return out
+
+
+def scene_bytes(config: WorldConfig, seed: int = 0, n_objects: int | None = None) -> int:
+    """About how many bytes one scene takes on disk (its PNG and its JSON record), from scene 0."""
+    scene = sample_scene(config, seed, 0, n_objects=n_objects)
+    return len(png_bytes(render(scene, config.noise_std))) + len(json.dumps(scene_record(scene, config))) + 64
+
+
+def check_in_memory(config: WorldConfig, n: int, name: str = "--n") -> None:
+    """A ValueError naming ``name`` when ``n`` rendered scenes would not fit in the memory this machine has free
+    (the training commands hold their scenes' images in memory)."""
+    per_scene = config.image_size**2 * 3 + 4096  # RGB pixels + the scene graph
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not available on this platform
+        return
+    if n * per_scene > 0.8 * free:
+        raise ValueError(f"{name} {n}: {n} scenes need about {n * per_scene / 2**30:.1f} GiB of memory and "
+                         f"{free / 2**30:.1f} GiB are free; build a world on disk with `keepsight world build` or "
+                         "use fewer scenes")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def is_world(path: str | os.PathLike) -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from ..data import chat_example, padding_side
 from ..metrics import least_squares_slope
+from ..models.arch import check_length
 from ..probes import LogitLens, VisualAttentionProbe
 from .evaluate import description_budget
 from .tasks import WorldSamples
@@ -35,6 +36,7 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
     if prompt not in PROMPTS:
         raise ValueError(f"unknown prompt {prompt!r}; choose from {sorted(PROMPTS)}")
     budget = max_new_tokens or description_budget(samples.config.max_objects)
+    check_length(model, budget, "max_new_tokens")
     tok = processor.tokenizer
     lens = LogitLens(model)
     n_layers = len(lens.info.layers)

@@ -10,6 +10,7 @@ A preset's ``arch`` is the architecture table's kind (``keepsight.models.arch``)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from transformers import (
@@ -18,13 +19,15 @@ from transformers import (
     LlavaForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
     Qwen3Config,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
 
+from ..atomic import atomic_save_dir
 from ..models import LladaConfig, LladaForMaskedDiffusion, QwenImageProcessor, register_model_types
-from .processor import build_processor
+from .processor import CHAT_TEMPLATE, build_processor
 
 
 @dataclass(frozen=True)
@@ -207,3 +210,48 @@ def build_llada_v(processor, preset: str | TinyPreset = "tiny-llava", seed: int 
     for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
         setattr(model.generation_config, key, getattr(tok, key))
     return model.eval()
+
+
+# ----------------------------------------------------------------------------- checkpoint directories
+
+QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-VL templates write per image
+
+
+TINY_KIND = "tiny-model"  # keepsight's marker in a directory save_tiny_checkpoint wrote
+TINY_CHECKPOINTS = ("tiny-llava", "tiny-llava-6l", "tiny-llava-p8", "tiny-qwen3vl", "tiny-qwen25vl", "tiny-llada-v")
+
+
+def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
+    """Write a tiny *random* VLM directory laid out like a real Hugging Face checkpoint (weights, config, tokenizer,
+    image processor, chat template; ``keepsight world tiny``): to try keepsight's loader and methods on each
+    architecture without a download. Presets: the LLaVA ones, ``tiny-qwen3vl``, ``tiny-qwen25vl``, and
+    ``tiny-llada-v`` (a LLaDA-V-style masked-diffusion VLM). Qwen directories hold a Qwen2-VL image processor and a
+    template that brackets the image token with vision start / end markers, as Qwen's do; no video processor (it
+    needs torchvision)."""
+    if preset not in TINY_CHECKPOINTS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {list(TINY_CHECKPOINTS)}")
+    out = Path(out_dir)
+
+    def write(d: Path) -> None:
+        if preset == "tiny-llada-v":
+            processor = build_processor()
+            build_llada_v(processor, seed=seed).save_pretrained(d)
+            processor.save_pretrained(d)
+            return
+        p = get_preset(preset)
+        torch.manual_seed(seed)
+        if p.arch == "llava":
+            processor = preset_processor(p)
+            build_model(p, processor.tokenizer, seed=seed).save_pretrained(d)
+            processor.save_pretrained(d)
+            return
+        tok = build_processor().tokenizer
+        tok.chat_template = CHAT_TEMPLATE.replace(" <image>", QWEN_CHAT_TEMPLATE_IMAGE)
+        side = p.image_size
+        ip = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side, patch_size=p.patch_size,
+                                      merge_size=2, temporal_patch_size=2)
+        build_model(p, tok, seed=seed).save_pretrained(d)
+        tok.save_pretrained(d)
+        ip.save_pretrained(d)
+
+    return atomic_save_dir(out, write, kind=TINY_KIND)
