@@ -6,40 +6,81 @@ from dataclasses import dataclass
 
 import torch
 
-from .chat import padding_side, render, render_prompt
+from .chat import padding_side, render
 from .sample import Sample
 
 IGNORE_INDEX = -100
 
 
+def _has_image(message: dict) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content)
+
+
+def assistant_spans(processor, sample: Sample, n_tokens: int) -> list[tuple[int, int]]:
+    """Token spans ``[start, end)`` of every assistant turn of ``sample`` in its full rendering (``n_tokens``
+    tokens long, images expanded): from where the template's generation prompt for that turn ends to the
+    turn's last token (its end-of-turn token included, whitespace after it not).
+
+    Each turn's start is the length of the conversation before it rendered with ``add_generation_prompt=True``,
+    its end the length of the conversation through it; both must render as prefixes of the whole (any chat
+    template that renders a conversation turn by turn does: the world's, Qwen-VL's, LLaVA's, LLaMA-3's).
+    Lengths come from the tokenizer, plus the tokens the processor adds when it expands the image
+    placeholders (all images sit before the first assistant turn in the usual layouts; otherwise each prefix
+    goes through the processor with its own images)."""
+    tok = processor.tokenizer
+    full = render(processor, sample.messages).rstrip()
+    turns = [i for i, m in enumerate(sample.messages) if m["role"] == "assistant"]
+    if not turns:
+        raise ValueError(f"sample {sample.id!r} has no assistant turn: nothing to train on")
+    first = turns[0]
+    images_early = not any(_has_image(m) for m in sample.messages[first:])
+    full_ids = tok(full, add_special_tokens=False)["input_ids"]
+    offset = n_tokens - len(full_ids)  # the image expansion (and any special tokens the processor adds)
+
+    def length(text: str, upto: int) -> int:
+        if images_early:
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            if ids != full_ids[: len(ids)]:
+                raise ValueError(f"sample {sample.id!r}: the chat template does not render the conversation "
+                                 "before an assistant turn as a prefix of the whole; cannot tell the answer's tokens")
+            return len(ids) + offset
+        images = [im for im, _ in zip(sample.images, range(sum(_has_image(m) for m in sample.messages[:upto])))]
+        kw = {"images": images} if images else {}
+        return int(processor(text=[text], return_tensors="pt", **kw)["input_ids"].shape[1])
+
+    spans = []
+    for i in turns:
+        start = length(render(processor, sample.messages[:i], add_generation_prompt=True), i)
+        end = length(render(processor, sample.messages[: i + 1]).rstrip(), i + 1)
+        if not start < end <= n_tokens:
+            raise ValueError(f"sample {sample.id!r}: assistant turn {i} has no tokens of its own in the template's "
+                             "rendering; cannot tell the answer's tokens")
+        spans.append((start, end))
+    return spans
+
+
 @dataclass
 class VLMCollator:
-    """Chat-formatted, right-padded batches of ``Sample``s; labels only on the assistant's answer (and what the
-    chat template closes it with: eos here, ``<|im_end|>`` in Qwen's). The answer starts where the prompt
-    rendered with ``add_generation_prompt=True`` ends, so any chat template that renders the prompt as a
-    prefix of the whole turn works (the world's, Qwen-VL's, LLaVA's); one that does not is an error."""
+    """Chat-formatted, right-padded batches of ``Sample``s; labels on every assistant turn (and what the chat
+    template closes it with: eos here, ``<|im_end|>`` in Qwen's, ``<|eot_id|>`` in LLaMA-3's), nowhere else
+    (system and user turns, images, the template's scaffolding, padding); see ``assistant_spans``."""
 
     processor: object
 
     def __call__(self, batch: list[Sample]) -> dict:
         proc = self.processor
-        tok = proc.tokenizer
         images = [im for s in batch for im in s.images]
-        texts = [render(proc, s.messages) for s in batch]
-        prompts = [render_prompt(proc, s) for s in batch]
+        texts = [render(proc, s.messages).rstrip() for s in batch]
         kw = {"images": images} if images else {}
-        with padding_side(tok, "right"):
+        with padding_side(proc.tokenizer, "right"):
             enc = proc(text=texts, return_tensors="pt", padding=True, **kw)
-            penc = proc(text=prompts, return_tensors="pt", padding=True, **kw)
-        starts = penc["attention_mask"].sum(1)  # [B] prompt tokens per row (right padding)
         ids = enc["input_ids"]  # [B, T]
-        for b, n in enumerate(starts.tolist()):
-            if n >= int(enc["attention_mask"][b].sum()) or not torch.equal(ids[b, :n], penc["input_ids"][b, :n]):
-                raise ValueError(f"row {b}: the chat template does not render the prompt as a prefix of the "
-                                 "whole turn; cannot tell the answer's tokens")
-        labels = ids.clone()
-        labels[torch.arange(ids.shape[1])[None] < starts[:, None]] = IGNORE_INDEX
-        labels[enc["attention_mask"] == 0] = IGNORE_INDEX
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        lengths = enc["attention_mask"].sum(1).tolist()  # [B] real tokens per row (right padding)
+        for b, sample in enumerate(batch):
+            for start, end in assistant_spans(proc, sample, int(lengths[b])):
+                labels[b, start:end] = ids[b, start:end]
         enc["labels"] = labels
         return dict(enc)
 

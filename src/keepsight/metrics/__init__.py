@@ -4,10 +4,11 @@ from .chair import chair
 from .coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 from .dilution import accuracy_by_index, early_late, least_squares_slope, slope
 from .parse import parse_description
+from .stats import mean_ci, paired_bootstrap, separated, t95, wilson
 from .text import distinct_n, rep_n, repetition_ratio
 from .yesno import normalise_answer, yes_no_scores
 
 __all__ = [
     "accuracy_by_index", "chair", "coco_chair", "load_coco_ground_truth", "read_captions_jsonl", "early_late", "least_squares_slope", "distinct_n", "normalise_answer", "parse_description", "rep_n",
-    "repetition_ratio", "slope", "yes_no_scores",
+    "repetition_ratio", "slope", "yes_no_scores", "mean_ci", "paired_bootstrap", "separated", "t95", "wilson",
 ]

@@ -40,7 +40,15 @@ from .models import (
     text_config,
     vision_config,
 )
-from .tasks import TextDataset, VisionCollator, VisionDataset, VLMDataset, WorldSamples
+from .tasks import (
+    INSTRUCT_TASKS,
+    TextDataset,
+    VisionCollator,
+    VisionDataset,
+    VLMDataset,
+    WorldSamples,
+    instruct_data,
+)
 
 STAGES = ("lm", "vision", "align", "instruct")
 BASE_KIND = "world-base"
@@ -69,6 +77,9 @@ class TrainConfig:
     align: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=32))
     instruct: StageConfig = field(default_factory=lambda: StageConfig(steps=1000, lr=1e-3, batch_size=32))
     save_every: int = 200  # checkpoint period in steps
+    instruct_tasks: tuple[str, ...] = INSTRUCT_TASKS + ("chat",)  # the instruct stage's mix (VLMDataset tasks)
+    max_turns: int = 16  # "chat": the longest conversation (turns) the base is trained on
+    instruct_lm_lr: float | None = None  # the language model's peak lr in instruct (None: the stage's lr)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -84,6 +95,16 @@ class TrainConfig:
                 raise ValueError(f"{name}: steps, lr and batch_size must be positive, got {st}")
         if self.save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {self.save_every}")
+        self.instruct_tasks = tuple(self.instruct_tasks)
+        bad = sorted(set(self.instruct_tasks) - set(VLMDataset.TASKS))
+        if bad or not self.instruct_tasks:
+            raise ValueError(f"instruct_tasks: unknown {bad}; choose from {VLMDataset.TASKS}" if bad else
+                             "instruct_tasks: empty")
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 2:
+            raise ValueError(f"max_turns must be an integer >= 2, got {self.max_turns!r}")
+        if self.instruct_lm_lr is not None and not (isinstance(self.instruct_lm_lr, (int, float))
+                                                    and 0 < self.instruct_lm_lr < float("inf")):
+            raise ValueError(f"instruct_lm_lr must be > 0 (or None), got {self.instruct_lm_lr!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,8 +222,24 @@ class StageRecipe(Recipe):
             return VisionDataset(self.samples)
         if self.stage == "align":
             return VLMDataset(self.samples, ("describe", "caption"), self.options.seed)
-        # about a quarter of the steps on descriptions, the rest on short QA / grounding
-        return VLMDataset(self.samples, VLMDataset.TASKS, self.options.seed, describe_repeats=3)
+        # about a quarter of the steps on descriptions, the rest on short QA / grounding (and conversations)
+        return instruct_data(self.samples, self.options.seed, self.train_cfg.instruct_tasks, self.train_cfg.max_turns)
+
+    def optimizer_fn(self):
+        lm_lr = self.train_cfg.instruct_lm_lr
+        if self.stage != "instruct" or lm_lr is None:
+            return None
+        lr = self.options.lr
+
+        def build(model):
+            groups = {"projector": [], "lm": []}
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    groups["projector" if "multi_modal_projector" in name else "lm"].append(p)
+            return torch.optim.AdamW([{"params": groups["projector"], "lr": lr}, {"params": groups["lm"], "lr": lm_lr}],
+                                     lr=lr, weight_decay=0.0)
+
+        return build
 
     def collator(self, processor):
         if self.stage == "lm":
@@ -238,7 +275,7 @@ def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overw
     """Check ``out`` before training a base into it: new, empty, or a base trained with the same config on the
     same scenes (then finished stages are reused and an unfinished one resumes); another base is refused unless
     ``overwrite``. Records the config (``train_config.json``) and the request."""
-    request = {"train": train_cfg.to_dict(), "data": samples.fingerprint()}
+    request = json.loads(json.dumps({"train": train_cfg.to_dict(), "data": samples.fingerprint()}))
     old_cfg = out / "train_config.json"
     if out.is_dir() and marked_kind(out) is None and old_cfg.is_file():  # a base of an earlier keepsight version
         main_process_writes(mark, out, BASE_KIND)

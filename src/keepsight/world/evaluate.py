@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from ..data import chat_example, padding_side
-from ..metrics import accuracy_by_index, chair, distinct_n, rep_n, repetition_ratio, slope, yes_no_scores
-from .tasks import WorldSamples
+from ..data import chat_example, padding_side, render_prompt
+from ..metrics import (
+    accuracy_by_index,
+    chair,
+    distinct_n,
+    paired_bootstrap,
+    rep_n,
+    repetition_ratio,
+    slope,
+    wilson,
+    yes_no_scores,
+)
+from ..probes import VisualAttentionProbe
+from .dialog import history_probe
+from .tasks import WorldSamples, chat_sample
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 
 
@@ -99,3 +111,55 @@ def evaluate_descriptions(model, processor, samples: WorldSamples, batch_size: i
         "repetition_ratio": sum(repetition_ratio(t) for t in texts) / max(len(texts), 1),
         "texts": texts,
     }
+
+
+# ----------------------------------------------------------------------------- the multi-turn dilution regime
+
+HISTORY_LENGTHS = (0, 1, 2, 4, 8, 12, 15)  # turns of text history before the probed question
+
+
+@torch.no_grad()
+def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LENGTHS, seed: int = 0,
+                     batch_size: int = 32) -> dict:
+    """Accuracy of one fixed visual yes/no question per scene asked after ``h`` turns of history (other questions
+    of the scene with their true answers; ``keepsight.world.dialog.history_probe``), for each h in ``lengths``,
+    with the share of attention on the image (Omega_V, mean over layers and heads) and TVR at the position that
+    answers. Returns per length: ``acc`` with its 95% Wilson interval, ``omega_v``, ``tvr``, ``text_tokens``;
+    and ``drop``: accuracy at the shortest minus at the longest history, paired by scene, with a 95% bootstrap
+    interval."""
+    lengths = sorted(set(int(h) for h in lengths))
+    if not lengths or lengths[0] < 0:
+        raise ValueError(f"lengths must be non-negative turn counts, got {lengths}")
+    tok = processor.tokenizer
+    probes = [history_probe(s, samples.config, lengths[-1], seed) for s in samples.scenes]
+    device = next(model.parameters()).device
+    per_length: dict[int, dict] = {}
+    hits: dict[int, list[float]] = {}
+    for h in lengths:
+        chats = [chat_sample(hist[:h] + [final], img, s.id, answer_last=False)
+                 for (hist, final), img, s in zip(probes, samples.images, samples.scenes)]
+        right, omega, tvr, text = [], [], [], []
+        for i in range(0, len(chats), batch_size):
+            batch = chats[i : i + batch_size]
+            with padding_side(tok, "left"):
+                enc = processor(text=[render_prompt(processor, c) for c in batch],
+                                images=[im for c in batch for im in c.images], return_tensors="pt",
+                                padding=True).to(device)
+            with VisualAttentionProbe(model) as probe:
+                gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
+            answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            finals = [p[1] for p in probes[i : i + batch_size]]
+            right += [float(a.strip() == f["answer"]) for a, f in zip(answers, finals)]
+            ratio = probe.log_ratio[0]  # [L, B, H] at the answering position (left padding: the last column)
+            omega += torch.sigmoid(ratio).mean((0, 2)).tolist()
+            tvr += torch.exp(-ratio).mean((0, 2)).tolist()
+            text += ((enc["input_ids"] != tok.image_token_id) & enc["attention_mask"].bool()).sum(1).tolist()
+        hits[h] = right
+        k = int(sum(right))
+        low, high = wilson(k, len(right))
+        per_length[h] = {"acc": k / len(right), "low": low, "high": high, "n": len(right),
+                         "omega_v": sum(omega) / len(omega), "tvr": sum(tvr) / len(tvr),
+                         "text_tokens": sum(text) / len(text)}
+    return {"lengths": lengths, "by_length": {str(h): v for h, v in per_length.items()},
+            "drop": paired_bootstrap(hits[lengths[0]], hits[lengths[-1]], seed=seed),
+            "categories": sorted({p[1]["kind"] for p in probes})}

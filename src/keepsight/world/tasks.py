@@ -13,6 +13,7 @@ from PIL import Image
 from ..data import IGNORE_INDEX, Sample
 from ..fingerprint import digest
 from .config import WorldConfig
+from .dialog import conversation
 from .render import render
 from .scene import Scene
 from .texts import (
@@ -136,22 +137,26 @@ class VisionCollator:
 
 
 class VLMDataset(torch.utils.data.Dataset):
-    """(image, prompt, answer) ``Sample``s. ``mix`` picks which tasks each scene contributes:
-    "describe", "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories
-    drawn per scene), "open" (one), "cells" (four "what is at b3 ?" grounding questions).
+    """``Sample``s about the scenes' images. ``mix`` picks which tasks each scene contributes: "describe",
+    "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories drawn per scene),
+    "open" (one), "cells" (four "what is at b3 ?" grounding questions), "chat" (one conversation of 2 ..
+    ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
-    TASKS = ("describe", "caption", "yes_no", "open", "cells")
+    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat")
 
-    def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS, seed: int = 0,
-                 yes_no_categories: int = 2, describe_repeats: int = 1):
+    def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
+                 yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
         unknown = set(mix) - set(self.TASKS)
         if unknown:
             raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
+        if max_turns < 2:
+            raise ValueError(f"max_turns must be >= 2, got {max_turns}")
         rng = np.random.default_rng(seed)
         self.samples = samples
         self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
+        self.chats: dict[int, list[dict]] = {}  # item index -> its conversation's turns ("chat" items)
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, description(s))] * describe_repeats
@@ -168,6 +173,10 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.items.append((i, q["question"], q["answer"]))
             if "cells" in mix:
                 self.items += [(i, q["question"], q["answer"]) for q in cell_questions(s, samples.config)]
+            if "chat" in mix:
+                turns = conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1)))
+                self.chats[len(self.items)] = turns
+                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 
@@ -179,13 +188,33 @@ class VLMDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> Sample:
         k, prompt, answer = self.items[i]
-        return Sample.single_turn(prompt, answer, self.samples.images[k], id=self.samples.scenes[k].id)
+        image, scene_id = self.samples.images[k], self.samples.scenes[k].id
+        if i in self.chats:
+            return chat_sample(self.chats[i], image, scene_id)
+        return Sample.single_turn(prompt, answer, image, id=scene_id)
 
 
-def instruct_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:
-    """The instruction mix the method recipes train on (PVM stage 1, the LoRA control, bridge phase 2): every
-    task, each description three times (with length-grouped batches about a quarter of the steps)."""
-    return VLMDataset(samples, VLMDataset.TASKS, seed, describe_repeats=3)
+def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_last: bool = True) -> Sample:
+    """A conversation about one image: the image with the first question, then the turns in order. With
+    ``answer_last=False`` the last question is left for the model (a generation prompt)."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turns[0]["question"]}]}]
+    for j, t in enumerate(turns):
+        if j:
+            messages.append({"role": "user", "content": [{"type": "text", "text": t["question"]}]})
+        if answer_last or j < len(turns) - 1:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": t["answer"]}]})
+    return Sample(messages, [image], scene_id)
+
+
+INSTRUCT_TASKS = ("describe", "caption", "yes_no", "open", "cells")
+
+
+def instruct_data(samples: WorldSamples, seed: int = 0, tasks: tuple[str, ...] = INSTRUCT_TASKS,
+                  max_turns: int = 16) -> VLMDataset:
+    """The instruction mix the method recipes train on (PVM stage 1, the LoRA control, bridge phase 2): the
+    base's instruct tasks, each description three times (with length-grouped batches about a quarter of the
+    steps)."""
+    return VLMDataset(samples, tasks, seed, describe_repeats=3, max_turns=max_turns)
 
 
 def caption_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:

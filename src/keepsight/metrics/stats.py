@@ -1,0 +1,70 @@
+"""Spread of a measurement (standard library only): binomial intervals for a rate on a test set, t intervals
+for a mean over seeds, and a paired bootstrap for the difference of two conditions on the same items."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (1 .. 30); 1.96 beyond
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    return _T95[df - 1] if df <= len(_T95) else 1.96
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate ``successes / n`` (95% by default); (nan, nan) for n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_ci(values: Sequence[float]) -> dict:
+    """Mean of ``values`` (one per seed) with a 95% t interval: ``{"mean", "low", "high", "n", "values"}``
+    (low = high = mean for a single value: no spread can be estimated from one run)."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return {"mean": None, "low": None, "high": None, "n": 0, "values": []}
+    m = statistics.fmean(vals)
+    if len(vals) == 1:
+        return {"mean": m, "low": m, "high": m, "n": 1, "values": vals}
+    half = t95(len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return {"mean": m, "low": m - half, "high": m + half, "n": len(vals), "values": vals}
+
+
+def separated(a: dict, b: dict) -> int:
+    """+1 when interval ``a`` lies wholly above ``b``, -1 wholly below, 0 when they overlap (or either has one
+    value: no verdict without a spread)."""
+    if min(a.get("n", 0), b.get("n", 0)) < 2 or a["mean"] is None or b["mean"] is None:
+        return 0
+    if a["low"] > b["high"]:
+        return 1
+    if a["high"] < b["low"]:
+        return -1
+    return 0
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of ``a - b`` over paired items (the same items under two conditions) with a 95% percentile
+    bootstrap interval: ``{"diff", "low", "high", "n"}``."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    if not d:
+        return {"diff": None, "low": None, "high": None, "n": 0}
+    rng = random.Random(seed)
+    n = len(d)
+    means = sorted(statistics.fmean(rng.choices(d, k=n)) for _ in range(n_boot))
+    return {"diff": statistics.fmean(d), "low": means[int(0.025 * n_boot)], "high": means[int(0.975 * n_boot) - 1],
+            "n": n}

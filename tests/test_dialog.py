@@ -1,0 +1,97 @@
+"""The multi-turn dilution regime: conversations about one image, their labels, the history probe and its
+scoring, and the interval statistics it reports."""
+
+import math
+
+import pytest
+import torch
+
+from keepsight.data import VLMCollator
+from keepsight.metrics import mean_ci, paired_bootstrap, separated, wilson
+from keepsight.world import generate, world_config
+from keepsight.world.dialog import PROBE_CATEGORIES, conversation, history_probe, question_pool
+from keepsight.world.evaluate import evaluate_history
+from keepsight.world.models import build_model
+from keepsight.world.tasks import VLMDataset, WorldSamples, chat_sample
+
+
+@pytest.fixture(scope="module")
+def samples():
+    cfg = world_config()
+    return WorldSamples.from_scenes(cfg, generate(cfg, 6, seed=4))
+
+
+def test_history_probe_is_deterministic_and_never_asks_its_final_category(samples):
+    s = samples.scenes[0]
+    hist, final = history_probe(s, samples.config, 15, seed=0)
+    again = history_probe(s, samples.config, 15, seed=0)
+    assert (hist, final) == again
+    assert history_probe(s, samples.config, 15, seed=1) != (hist, final)
+    assert final["kind"] in PROBE_CATEGORIES and final["answer"] in ("yes", "no")
+    assert all(q["kind"] != final["kind"] for q in hist) and len(hist) == 15
+    short, final_short = history_probe(s, samples.config, 4, seed=0)
+    assert final_short == final and short == hist[:4]  # one fixed order: every length is a prefix
+    pool = question_pool(s, samples.config)
+    assert 17 <= len(pool) <= 20 and len({q["question"] for q in pool}) == len(pool)
+    with pytest.raises(ValueError, match="history questions"):
+        history_probe(s, samples.config, 19)
+
+
+def test_conversation_labels_every_answer_and_nothing_else(samples, processor):
+    import numpy as np
+
+    turns = conversation(samples.scenes[1], samples.config, np.random.default_rng(0), 3)
+    batch = VLMCollator(processor)([chat_sample(turns, samples.images[1])])
+    tok = processor.tokenizer
+    ids, labels = batch["input_ids"][0], batch["labels"][0]
+    labelled = tok.convert_ids_to_tokens(ids[labels != -100].tolist())
+    want = []
+    for t in turns:
+        want += t["answer"].split() + ["<eos>"]
+    assert labelled == want
+    # each labelled span starts right after "assistant :"
+    starts = [i for i in range(1, len(labels)) if labels[i] != -100 and labels[i - 1] == -100]
+    assert [tok.convert_ids_to_tokens(ids[i - 2 : i].tolist()) for i in starts] == [["assistant", ":"]] * 3
+
+
+def test_chat_task_in_the_instruct_mix(samples):
+    data = VLMDataset(samples, ("yes_no", "chat"), seed=0, max_turns=5)
+    chats = [data[i] for i in range(len(data)) if i in data.chats]
+    assert len(chats) == len(samples)
+    assert all(2 <= sum(m["role"] == "assistant" for m in c.messages) <= 5 for c in chats)
+    assert chats[0].messages[0]["content"][0] == {"type": "image"}  # the image comes with the first question
+
+
+def test_history_scoring_counts_what_the_model_answers(samples, processor):
+    model = build_model("tiny-llava", processor.tokenizer).eval()
+    res = evaluate_history(model, processor, samples, lengths=(0, 2), batch_size=4)
+    tok = processor.tokenizer
+    for h in (0, 2):
+        hits = 0
+        for s, img in zip(samples.scenes, samples.images):  # one row at a time, by hand
+            hist, final = history_probe(s, samples.config, 2)
+            from keepsight.data import render_prompt
+
+            c = chat_sample(hist[:h] + [final], img, answer_last=False)
+            enc = processor(text=[render_prompt(processor, c)], images=c.images, return_tensors="pt")
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
+            hits += tok.decode(out[0, -1:], skip_special_tokens=True).strip() == final["answer"]
+        row = res["by_length"][str(h)]
+        assert row["n"] == len(samples) and row["acc"] == pytest.approx(hits / len(samples))
+        assert row["low"] <= row["acc"] <= row["high"] and 0 < row["omega_v"] < 1
+    assert res["by_length"]["2"]["text_tokens"] > res["by_length"]["0"]["text_tokens"]
+
+
+def test_interval_statistics_on_hand_made_cases():
+    low, high = wilson(8, 10)  # p = 0.8: the Wilson interval is (0.490, 0.943)
+    assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
+    assert wilson(0, 0)[0] != wilson(0, 0)[0]  # nan for no trials
+    ci = mean_ci([0.70, 0.80, 0.90])  # sd 0.1, t(2) = 4.303: half-width 0.248
+    assert ci["mean"] == pytest.approx(0.8) and ci["high"] - ci["mean"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert mean_ci([0.5])["low"] == 0.5 and mean_ci([])["mean"] is None
+    assert separated(mean_ci([0.9, 0.91, 0.92]), mean_ci([0.5, 0.51, 0.52])) == 1
+    assert separated(mean_ci([0.5, 0.9]), mean_ci([0.6, 0.7])) == 0 and separated(mean_ci([0.9]), mean_ci([0.1])) == 0
+    boot = paired_bootstrap([1, 1, 1, 0], [0, 0, 1, 0])
+    assert boot["diff"] == pytest.approx(0.5) and boot["low"] <= 0.5 <= boot["high"] and boot["n"] == 4
+    assert paired_bootstrap([1, 1], [1, 1])["low"] == 0.0
