@@ -117,10 +117,12 @@ def lia_mtr_reference(x, W, lambdas, M0=None):
 
 
 @pytest.mark.parametrize("conv_kernel", [0, 4])
-@pytest.mark.parametrize("use_gate", [True, False])
+@pytest.mark.parametrize("gate", [None, "channel", "token"])  # None: no gate (g = 1)
 @pytest.mark.parametrize("chunk_size", [1, 7, 64])  # N = 37: shorter, and longer than the sequence
-def test_forward_equals_token_loop_of_equations_1_to_5(conv_kernel, use_gate, chunk_size):
-    bridge = _bridge(conv_kernel=conv_kernel, use_gate=use_gate, chunk_size=chunk_size)
+@pytest.mark.parametrize("spacing", ["geometric", "half_life"])
+def test_forward_equals_token_loop_of_equations_1_to_5(conv_kernel, gate, chunk_size, spacing):
+    bridge = _bridge(conv_kernel=conv_kernel, use_gate=gate is not None, chunk_size=chunk_size,
+                     gate=gate or "channel", lambda_spacing=spacing)
     x = torch.randn(2, 37, DV, dtype=torch.float64)  # [B, N, dv]
     with torch.no_grad():
         y, state = bridge(x, return_state=True)  # y [B, N, dm], state.retention [B, S, di]
@@ -405,3 +407,35 @@ def test_100k_tokens_finite_and_tail_equals_loop_from_carried_state():
         outs.append((alpha[0, t].double()[:, None] * M).sum(0))  # (4)
     torch.testing.assert_close(m[0, -tail:].double(), torch.stack(outs), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fin[0].double(), M, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- our readings of the paper's words
+
+
+@pytest.mark.parametrize("spacing, interior", [("geometric", (2.89, 5.67)), ("half_life", (8.05, 33.37))])
+def test_both_spacings_hit_the_papers_endpoints(spacing, interior):
+    """'log-linearly across [0.70, 0.995]': both readings end at half-lives 1.94 and 138.28; geometric spacing of
+    lambda puts the middle scales at 2.89 / 5.67, log-uniform half-lives at 8.05 / 33.4 (ln 0.5 / ln lambda)."""
+    cfg = LiaMtrConfig(d_vision=DV, d_model=DM, lambda_spacing=spacing)
+    hl = [math.log(0.5) / math.log(v) for v in cfg.lambda_values()]
+    assert hl[0] == pytest.approx(1.94, abs=0.01) and hl[-1] == pytest.approx(138.28, abs=0.01)
+    assert hl[1:3] == pytest.approx(list(interior), abs=0.01)
+    if spacing == "half_life":  # equal ratios of consecutive half-lives
+        assert hl[1] / hl[0] == pytest.approx(hl[3] / hl[2], rel=1e-9)
+    else:  # equal ratios of consecutive lambdas
+        lam = cfg.lambda_values()
+        assert lam[1] / lam[0] == pytest.approx(lam[3] / lam[2], rel=1e-9)
+
+
+def test_the_token_gate_has_one_value_per_token():
+    bridge = _bridge(dtype=torch.float32, conv_kernel=4, gate="token")
+    assert bridge.gate.weight.shape == (1, DV)  # W_g: d_vision -> 1
+    x = torch.randn(2, 9, DV)
+    g = torch.sigmoid(_affine(_weights(bridge)["g"], conv_reference(x.double(), _weights(bridge)["conv"])))
+    assert g.shape == (2, 9, 1)
+    out = bridge.probe(x)
+    assert out["gate_mean"] == pytest.approx(float(g.mean()), rel=1e-5)
+    with pytest.raises(ValueError, match="gate must be one of"):
+        LiaMtrConfig(d_vision=DV, d_model=DM, gate="head")
+    with pytest.raises(ValueError, match="lambda_spacing must be one of"):
+        LiaMtrConfig(d_vision=DV, d_model=DM, lambda_spacing="linear")

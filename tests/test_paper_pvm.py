@@ -30,7 +30,8 @@ from keepsight.world.models import build_model
 from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 
-def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, heads):
+def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, heads, v_norm_weight=None, W_key=None,
+                  temperature=1.0):
     """The paper's PVM output lambda * mask * h_pvm, in float64, one row and one head at a time.
 
     x [B, T, d] hidden states entering the FFN; V [B, M, d] visual embeddings (padded);
@@ -38,10 +39,15 @@ def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, he
     W_down [d', d]; W_down_v [d', d] or None (None = the shared W_down, the paper's choice);
     W_up [d, d']; gate: lambda, [1] or [d]; heads: d' is split into ``heads`` blocks of d'_h = d' / heads.
     A row with no visual token gets 0. Returns [B, T, d].
-    (Later options - RMS-normalised V, a separate key projection, a temperature - go here as keywords.)
+    Our readings (SPEC F): ``v_norm_weight`` [d]: V is RMS-normalised (eps 1e-6) and scaled by it before any
+    projection; ``W_key`` [d', d]: the keys are W_key V instead of V_lat; ``temperature``: the logits are
+    divided by sqrt(d'_h) * temperature.
     """
     x, V, W_down, W_up, gate = (t.detach().double() for t in (x, V, W_down, W_up, gate))
     W_down_v = W_down if W_down_v is None else W_down_v.detach().double()
+    if v_norm_weight is not None:
+        rms = torch.sqrt((V * V).mean(-1, keepdim=True) + 1e-6)  # [B, M, 1]
+        V = V / rms * v_norm_weight.detach().double()
     B, T, d = x.shape
     d_lat = W_down.shape[0]
     dh = d_lat // heads
@@ -52,10 +58,11 @@ def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, he
             continue  # nothing to retrieve from: the branch adds nothing
         x_lat = torch.einsum("ld,td->tl", W_down, x[b])  # [T, d']    x_lat = W_down x
         v_lat = torch.einsum("ld,md->ml", W_down_v, vis)  # [M_b, d']  V_lat = W_down V (keys and values)
+        k_lat = v_lat if W_key is None else torch.einsum("ld,md->ml", W_key.detach().double(), vis)  # [M_b, d']
         r = torch.zeros(T, d_lat, dtype=torch.float64)  # [T, d']
         for h in range(heads):
             cols = slice(h * dh, (h + 1) * dh)
-            scores = torch.einsum("tc,mc->tm", x_lat[:, cols], v_lat[:, cols]) / math.sqrt(dh)  # [T, M_b]
+            scores = torch.einsum("tc,mc->tm", x_lat[:, cols], k_lat[:, cols]) / (math.sqrt(dh) * temperature)
             w = torch.exp(scores - scores.max(dim=1, keepdim=True).values)
             w = w / w.sum(dim=1, keepdim=True)  # softmax over the visual tokens of this row only
             r[:, cols] = torch.einsum("tm,mc->tc", w, v_lat[:, cols])  # [T, d'_h]
@@ -67,25 +74,34 @@ def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, he
 def _weights(branch: PVMBranch):
     """The branch's weight tensors (read directly, no module method is called)."""
     return dict(W_down=branch.down.weight, W_down_v=None if branch.down_v is None else branch.down_v.weight,
-                W_up=branch.up.weight, gate=branch.gate, heads=branch.heads)
+                W_up=branch.up.weight, gate=branch.gate, heads=branch.heads,
+                v_norm_weight=None if branch.v_norm is None else branch.v_norm.weight,
+                W_key=None if branch.key is None else branch.key.weight, temperature=branch.temperature)
 
 
 # ----------------------------------------------------------------------------- the branch alone
 
 
+OPTIONS = [dict(), dict(normalize_v="rms"), dict(key_proj=True), dict(temperature=0.5),
+           dict(normalize_v="rms", key_proj=True, temperature=2.0)]
+
+
 @pytest.mark.parametrize("heads", [1, 2, 4])
 @pytest.mark.parametrize("shared_down", [True, False])
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
-def test_branch_equals_paper_formula(heads, shared_down, gate):
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "plain")
+def test_branch_equals_paper_formula(heads, shared_down, gate, options):
     torch.manual_seed(heads)
     d, d_lat, T, M = 24, 16, 7, 6
-    cfg = PVMConfig(latent_dim=d_lat, heads=heads, shared_down=shared_down, gate=gate)
+    cfg = PVMConfig(latent_dim=d_lat, heads=heads, shared_down=shared_down, gate=gate, **options)
     branch = PVMBranch(d, cfg).double()
     with torch.no_grad():
         branch.gate.copy_(torch.randn_like(branch.gate) + 0.5)  # random, non-zero lambda
-        for lin in (branch.down, branch.up, branch.down_v):
+        for lin in (branch.down, branch.up, branch.down_v, branch.key):
             if lin is not None:
                 lin.weight.mul_(3.0)  # peaked retrieval weights: a wrong scale or softmax axis shows
+        if branch.v_norm is not None:
+            branch.v_norm.weight.copy_(torch.rand(d) + 0.5)  # a learned scale that is not 1
     x = torch.randn(3, T, d, dtype=torch.float64)  # [B, T, d]
     V = torch.randn(3, M, d, dtype=torch.float64)  # [B, M, d]
     visual_mask = torch.zeros(3, M, dtype=torch.bool)  # [B, M]: 6, 2 and 0 visual tokens
@@ -137,8 +153,8 @@ def run(request, processor):
     hooks = [_projector(model).register_forward_hook(
         lambda mod, args, out: rec["projector"].append(out.detach().clone()))]
     for key in rec["branch"]:
-        hooks.append(model.pvm[key].register_forward_pre_hook(  # args = (x, visual, visual_mask, text_mask)
-            lambda mod, args, key=key: rec["branch"][key].append([a.detach().clone() for a in args])))
+        hooks.append(model.pvm[key].register_forward_pre_hook(  # args = (x, visual, visual_mask, text_mask, ...)
+            lambda mod, args, key=key: rec["branch"][key].append([a.detach().clone() for a in args[:4]])))
         # registered after attach_pvm, so it sees the FFN output with the PVM term already added
         hooks.append(model.model.language_model.layers[int(key)].mlp.register_forward_hook(
             lambda mod, args, out, key=key: rec["ffn"][key].append((mod, args[0].detach().clone(),
@@ -220,3 +236,72 @@ def test_ffn_output_gets_gate_mask_h(run):
             # the hidden state before the post-attention norm as the query.
             torch.testing.assert_close((out - ffn).double(), ref, atol=2e-5, rtol=1e-4)
             assert ref.abs().max() > 1e-3  # the PVM term is really there (gates are non-zero)
+
+
+# ----------------------------------------------------------------------------- retrieval that looks things up
+
+
+def test_retrieval_stats_on_a_hand_made_case():
+    from keepsight.pvm.attach import retrieval_stats
+
+    w = torch.tensor([[[[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]]])  # [B=1, h=1, T=3, M=2]
+    s = retrieval_stats(w, torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 3))
+    # entropies 0, 0, ln 2 over 3 positions; max ln 2 each; TV: (1, 0.5, 0.5) over the 3 pairs, both orders
+    assert s["positions"] == 3 and s["entropy"] == pytest.approx(math.log(2))
+    assert s["max_entropy"] == pytest.approx(3 * math.log(2)) and s["rows"] == 1
+    assert s["query_tv"] == pytest.approx((1 + 0.5 + 0.5) / 3)
+    silent = retrieval_stats(w, torch.ones(1, 2, dtype=torch.bool), torch.tensor([[1.0, 0.0, 0.0]]))
+    assert silent["positions"] == 1 and silent["rows"] == 0  # one text position: no pair
+
+
+def test_normalised_v_makes_retrieval_depend_on_the_query(processor):
+    """With V at the projector's scale (|V| << |x|) the raw reading retrieves a near-uniform mean; RMS-normalised V
+    gives each position its own retrieval (random non-zero weights, gates open)."""
+    from keepsight.pvm import pvm_report
+
+    model = build_model("tiny-llava", processor.tokenizer)
+    inputs = tiny_inputs("tiny-llava", processor, PROMPTS)
+    with torch.no_grad():
+        model.model.multi_modal_projector.linear_2.weight.mul_(0.05)  # visual embeddings far smaller than x
+    reports = {}
+    for option in ("none", "rms"):
+        attach_pvm(model, PVMConfig(layers=[1, 2], normalize_v=option))
+        with torch.no_grad():
+            for branch in model.pvm.values():
+                branch.gate.fill_(0.5)
+        reports[option] = pvm_report(model, [inputs])
+        from keepsight.pvm import detach_pvm
+
+        detach_pvm(model)
+    for layer in ("1", "2"):
+        raw, rms = reports["none"][layer], reports["rms"][layer]
+        assert raw["entropy"] > 0.99 * raw["max_entropy"] and raw["query_tv"] < 0.02  # a mean-pool
+        assert rms["query_tv"] > 5 * raw["query_tv"] and rms["entropy"] < raw["entropy"]
+
+
+def test_projecting_v_once_equals_projecting_it_every_step(processor):
+    """Inference keeps W_down V (and the keys) per sequence and layer; recomputing them at every decode step
+    gives the same logits (fails if the cached projection were stale, from another sequence, or wrong)."""
+    model = build_model("tiny-llava", processor.tokenizer)
+    inputs = tiny_inputs("tiny-llava", processor, PROMPTS)
+    attach_pvm(model, PVMConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    with torch.no_grad():
+        for p in model.pvm.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    once = model.generate(**inputs, **kw)
+    st = model._keepsight_pvm
+    assert set(st.projected) == {"1", "3"}  # kept after the sequence, dropped with it by the next one
+    drop = model.register_forward_pre_hook(lambda m, a, k: st.projected.clear(), with_kwargs=True)
+    try:
+        every = model.generate(**inputs, **kw)
+    finally:
+        drop.remove()
+    assert torch.equal(once.sequences, every.sequences)
+    for a, b in zip(once.logits, every.logits):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    other = tiny_inputs("tiny-llava", processor, PROMPTS[::-1])  # a new sequence must not reuse the old projections
+    fresh = build_model("tiny-llava", processor.tokenizer)
+    attach_pvm(fresh, PVMConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model.generate(**other, **kw).logits[0], fresh.generate(**other, **kw).logits[0])

@@ -28,6 +28,8 @@ def check_visual_tokens(x: torch.Tensor, d_vision: int, name: str = "x") -> None
         raise ValueError(f"{name} contains non-finite values (NaN or inf)")
 
 
+SPACINGS = ("geometric", "half_life")
+GATES = ("channel", "token")
 MAX_SCALES = 64  # timescales: the paper uses 4; more than this is a mistake, not a setting
 MAX_KERNEL = 64  # the causal conv's width over tokens (the paper: short, 4)
 
@@ -36,11 +38,15 @@ MAX_KERNEL = 64  # the causal conv's width over tokens (the paper: short, 4)
 class LiaMtrConfig:
     """LIA-MTR projector: d_vision -> d_model through a d_inner-wide multi-scale retention.
 
-    lambdas: explicit decays (each strictly in (0, 1)); otherwise n_scales values geometrically spaced
-    in [lambda_min, lambda_max] (n_scales = 1 takes lambda_max: ours, the long memory).
+    lambdas: explicit decays (each strictly in (0, 1)); otherwise n_scales values between lambda_min and
+    lambda_max, spaced by ``lambda_spacing``: "geometric" (log-linear in lambda: half-lives 1.94 / 2.9 / 5.7 /
+    138.28 for S = 4) or "half_life" (log-linear in the half-life: 1.94 / 8.05 / 33.4 / 138.28). The paper's
+    "log-linearly across [0.70, 0.995]" fixes only the endpoints; both readings fit it (n_scales = 1 takes
+    lambda_max: ours, the long memory).
     n_scales: None = 4, or len(lambdas) when lambdas is given.
     conv_kernel: causal depthwise conv width over tokens; 0 = none (identity).
-    use_gate: False = write gate fixed at 1.
+    use_gate: False = write gate fixed at 1. gate: "channel" (one gate per channel of u, ours so far) or
+    "token" (one scalar per token: the paper's "token-wise" gate may mean this).
     """
 
     d_vision: int
@@ -53,6 +59,8 @@ class LiaMtrConfig:
     conv_kernel: int = 4
     chunk_size: int = 64
     use_gate: bool = True
+    lambda_spacing: str = "geometric"
+    gate: str = "channel"
 
     def __post_init__(self) -> None:
         for field in ("d_vision", "d_model"):
@@ -93,16 +101,23 @@ class LiaMtrConfig:
             raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
         if not isinstance(self.use_gate, bool):
             raise ValueError(f"use_gate must be a bool, got {self.use_gate!r}")
+        if self.lambda_spacing not in SPACINGS:
+            raise ValueError(f"lambda_spacing must be one of {SPACINGS}, got {self.lambda_spacing!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
 
     def lambda_values(self) -> tuple[float, ...]:
-        """The S decays: explicit ones, else geometric spacing of lambda in [lambda_min, lambda_max]."""
+        """The S decays: explicit ones, else ``lambda_spacing`` spacing in [lambda_min, lambda_max]."""
         if self.lambdas is not None:
             return tuple(self.lambdas)
         S = self.n_scales
         if S == 1:
             return (float(self.lambda_max),)
-        lo, hi = math.log(self.lambda_min), math.log(self.lambda_max)
-        return tuple(math.exp(lo + (hi - lo) * s / (S - 1)) for s in range(S))
+        if self.lambda_spacing == "geometric":
+            lo, hi = math.log(self.lambda_min), math.log(self.lambda_max)
+            return tuple(math.exp(lo + (hi - lo) * s / (S - 1)) for s in range(S))
+        lo, hi = (math.log(math.log(0.5) / math.log(v)) for v in (self.lambda_min, self.lambda_max))  # log half-lives
+        return tuple(0.5 ** (1.0 / math.exp(lo + (hi - lo) * s / (S - 1))) for s in range(S))
 
     def half_lives(self) -> list[float]:
         """Half-life of each scale in tokens: ln(0.5) / ln(lambda_s)."""

@@ -3,7 +3,8 @@
 For visual tokens x_1..x_N (each [d_vision]):
     q_t = W_q x_t,  k_t = phi(W_k x_t) (phi = ELU + 1),  v_t = W_v x_t          (width d_inner)
     x^conv = causal depthwise conv of x over tokens (kernel K; K = 0: identity)
-    g_t = sigmoid(W_g x^conv_t) (1 if use_gate is False),  alpha_t = softmax(W_mix x^conv_t) over S scales
+    g_t = sigmoid(W_g x^conv_t) (1 if use_gate is False; [d_inner], or one scalar per token with gate="token"),
+    alpha_t = softmax(W_mix x^conv_t) over S scales
     M_{t,s} = lambda_s M_{t-1,s} + g_t * k_t * v_t,   m_t = sum_s alpha_{t,s} M_{t,s}
     y_t = W_o (q_t * m_t)                                                       ([d_model])
 The decays lambda_s are fixed buffers. Streaming: the state is the conv cache plus the retention state.
@@ -56,7 +57,7 @@ class LiaMtrBridge(nn.Module):
         self.qkv = nn.Linear(dv, 3 * di)  # W_q, W_k, W_v stacked
         self.kernel = config.conv_kernel
         self.conv = nn.Conv1d(dv, dv, self.kernel, groups=dv) if self.kernel > 0 else None  # depthwise
-        self.gate = nn.Linear(dv, di) if config.use_gate else None
+        self.gate = nn.Linear(dv, di if config.gate == "channel" else 1) if config.use_gate else None  # g [.., di | 1]
         self.mix = nn.Linear(dv, S)
         self.out = nn.Linear(di, dm)
         nn.init.zeros_(self.mix.bias)  # scales start equally weighted (on average)

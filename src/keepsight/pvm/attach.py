@@ -4,7 +4,9 @@ Branches live in ``model.pvm`` (a ``ModuleDict`` keyed by layer index), so every
 ``pvm.<layer>.*`` and no base weight is renamed. Forward hooks add the branch output to the FFN output;
 a pre-hook on the language model captures the visual embeddings V on the prefill forward (the rows of
 ``inputs_embeds`` at image-token positions) and keeps them for every cached decode step, because
-transformers drops image inputs after the prefill.
+transformers drops image inputs after the prefill. In inference (no autograd) each branch projects V once
+per sequence (``PVMBranch.project_visual``) and reuses the projection on every decode step; a new sequence
+drops it with the old V. In training every forward is a new sequence, so nothing is kept across forwards.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class _State:
     text_mask: torch.Tensor | None = None  # [B, T_in] positions of the current forward that may receive PVM
     input_visual: torch.Tensor | None = None  # [B, T_in] image-token positions of the current forward
     enabled: bool = True
-    record_norms: bool = False  # when True, the FFN hooks store ||PVM out|| / ||FFN out|| per layer
+    record_norms: bool = False  # when True, the FFN hooks store norms and retrieval statistics per layer
     norms: dict = field(default_factory=dict)  # layer key -> (sum ||pvm||, sum ||ffn||) at text positions
+    retrieval: dict = field(default_factory=dict)  # layer key -> summed retrieval statistics (see retrieval_stats)
+    projected: dict = field(default_factory=dict)  # layer key -> PVMBranch.project_visual(visual), inference only
     hooks: list = field(default_factory=list)
 
 
@@ -93,10 +97,12 @@ def pvm_parameters(model: nn.Module):
 
 @torch.no_grad()
 def pvm_report(model: nn.Module, batches) -> dict:
-    """Gate values and mean ||PVM output|| / ||FFN output|| at text positions per PVM layer, over
-    ``batches`` (model-input dicts): is the branch contributing, and how much?"""
+    """Per PVM layer, over ``batches`` (model-input dicts): is the branch contributing, and is it looking things
+    up? The gate, mean ||PVM output|| / ||FFN output|| at text positions, the retrieval's mean entropy against
+    its maximum ln M (equal: a uniform mean-pool of V) and its query dependence (mean total-variation distance
+    between the retrieval distributions of two text positions: 0 = every position retrieves the same)."""
     st = _state(model)
-    st.norms, st.record_norms = {}, True
+    st.norms, st.retrieval, st.record_norms = {}, {}, True
     try:
         for batch in batches:
             model(**batch)
@@ -106,8 +112,43 @@ def pvm_report(model: nn.Module, batches) -> dict:
     for key, branch in model.pvm.items():
         pv, ff = st.norms.get(key, (0.0, 0.0))
         g = branch.gate.detach().float()
+        r = st.retrieval.get(key, {})
+        n, rows = r.get("positions", 0), r.get("rows", 0)
         out[key] = {"gate_mean": float(g.mean()), "gate_abs_max": float(g.abs().max()),
-                    "relative_norm": pv / ff if ff else None}
+                    "relative_norm": pv / ff if ff else None,
+                    "entropy": r["entropy"] / n if n else None, "max_entropy": r["max_entropy"] / n if n else None,
+                    "query_tv": r["query_tv"] / rows if rows else None}
+    st.retrieval = {}
+    return out
+
+
+@torch.no_grad()
+def retrieval_stats(weights: torch.Tensor, visual_mask: torch.Tensor, text_mask: torch.Tensor,
+                    max_positions: int = 128) -> dict:
+    """What a branch's retrieval looks at. weights [B, h, T, M] (softmax over the M visual tokens),
+    visual_mask [B, M], text_mask [B, T]. Sums over text positions and heads of the entropy and of ln M (its
+    maximum, a uniform mean-pool), and over (row, head) of the query dependence: the mean total-variation
+    distance between the retrieval distributions of two text positions (0 = every position retrieves the
+    same; at most ``max_positions`` positions of a row, evenly spaced, enter the pairs)."""
+    w = weights.float()
+    out = {"entropy": 0.0, "max_entropy": 0.0, "positions": 0, "query_tv": 0.0, "rows": 0}
+    for b in range(w.shape[0]):
+        m = int(visual_mask[b].sum())
+        pos = text_mask[b].bool().nonzero().flatten()
+        if m == 0 or len(pos) == 0:
+            continue
+        p = w[b][:, pos][..., visual_mask[b]]  # [h, n, m]
+        ent = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [h, n]
+        out["entropy"] += float(ent.sum())
+        out["max_entropy"] += float(ent.numel()) * float(torch.log(torch.tensor(float(m))))
+        out["positions"] += ent.numel()
+        if len(pos) > 1:
+            sel = torch.linspace(0, len(pos) - 1, min(len(pos), max_positions)).long()
+            q = p[:, sel]  # [h, n', m]
+            tv = 0.5 * torch.cdist(q, q, p=1)  # [h, n', n']
+            n = q.shape[1]
+            out["query_tv"] += float(tv.sum((1, 2)).div(n * (n - 1)).sum())
+            out["rows"] += q.shape[0]
     return out
 
 
@@ -155,6 +196,7 @@ def _make_lm_pre_hook(model):
             visual[b, :n] = embeds[b, vis[b]]
             mask[b, :n] = True
         st.visual, st.visual_mask = visual, mask
+        st.projected = {}  # the projections of the previous sequence's V go with it
 
     return hook
 
@@ -168,11 +210,21 @@ def _make_ffn_hook(model, key: str):
         text_mask = st.text_mask
         if text_mask.shape != x.shape[:2]:
             raise RuntimeError(f"PVM: FFN input {tuple(x.shape[:2])} but {tuple(text_mask.shape)} tracked tokens")
-        extra = model.pvm[key](x, st.visual, st.visual_mask, text_mask)
+        branch = model.pvm[key]
+        projected = None
+        if not torch.is_grad_enabled():  # inference: W_down V (and the keys) once per sequence and layer
+            projected = st.projected.get(key)
+            if projected is None:
+                projected = st.projected[key] = branch.project_visual(st.visual)
+        extra, weights = branch(x, st.visual, st.visual_mask, text_mask, projected, return_weights=True)
         if st.record_norms:
             sel = text_mask.bool()
             pv, ff = st.norms.get(key, (0.0, 0.0))
             st.norms[key] = (pv + float(extra[sel].norm(dim=-1).sum()), ff + float(output[sel].norm(dim=-1).sum()))
+            stats = retrieval_stats(weights, st.visual_mask, text_mask)
+            acc = st.retrieval.setdefault(key, dict.fromkeys(stats, 0.0))
+            for k, v in stats.items():
+                acc[k] += v
         return output + extra
 
     return hook

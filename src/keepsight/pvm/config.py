@@ -35,6 +35,11 @@ class PVMConfig:
     gate: str = "scalar"  # "scalar" | "channel": lambda, initialised to 0 (model starts as the base)
     silence_visual: bool = True  # visual positions receive no PVM output
     dropout: float = 0.0  # on the retrieval weights, training only
+    # Our readings of what the paper leaves open (SPEC F); the defaults are the plain formula. None changes the
+    # model at initialisation (the gate is 0).
+    normalize_v: str = "none"  # "rms": V goes through an RMSNorm (learnable scale, init 1) before W_down
+    key_proj: bool = False  # True: a separate key projection W_k V (values stay W_down V)
+    temperature: float = 1.0  # retrieval logits / (sqrt(d'_h) * temperature)
 
     def __post_init__(self) -> None:
         if isinstance(self.layers, str):
@@ -60,6 +65,14 @@ class PVMConfig:
         if (isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real)
                 or not math.isfinite(self.dropout) or not 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.normalize_v not in ("none", "rms"):
+            raise ValueError(f"normalize_v must be 'none' or 'rms', got {self.normalize_v!r}")
+        if not isinstance(self.key_proj, bool):
+            raise ValueError(f"key_proj must be true or false, got {self.key_proj!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real)
+                or not math.isfinite(self.temperature) or not 1e-3 <= self.temperature <= 1e3):
+            raise ValueError(f"temperature must be a number in [1e-3, 1e3], got {self.temperature!r}")
+        self.temperature = float(self.temperature)
 
     def resolve_layers(self, depth: int) -> list[int]:
         """Concrete, validated layer indices for a decoder of ``depth`` layers."""
