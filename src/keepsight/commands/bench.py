@@ -10,12 +10,14 @@ KIND = "bench"
 
 # name -> run(args): each benchmark takes the options it uses
 BENCHMARKS = {
-    "probe-overhead": lambda a: probe_overhead.run(a.out, batch=a.batch, new_tokens=a.new_tokens, repeats=a.repeats),
-    "pvm-decode": lambda a: pvm_decode.run(a.out, batch=a.batch, new_tokens=a.new_tokens, repeats=a.repeats),
+    "probe-overhead": lambda a: probe_overhead.run(a.out, batch=a.batch or 8, new_tokens=a.new_tokens,
+                                                   repeats=a.repeats or 3),
+    "pvm-decode": lambda a: pvm_decode.run(a.out, batches=a.batch or (1, 4, 8), new_tokens=a.new_tokens,
+                                           repeats=a.repeats or 9),
     "bridge-memory": lambda a: bridge_memory.run(a.out, mem_limit_gib=a.mem_limit_gib),
     "needle": lambda a: needle.run(a.out),
     "scan": lambda a: scan.run(a.out),
-    "diffusion": lambda a: diffusion.run(a.out, repeats=a.repeats),
+    "diffusion": lambda a: diffusion.run(a.out, repeats=a.repeats or 3),
 }
 
 
@@ -23,9 +25,11 @@ def add_parser(sub) -> None:
     bn = sub.add_parser("bench", help="benchmarks (printed table + JSON)")
     bn.add_argument("name", choices=list(BENCHMARKS))
     bn.add_argument("--out", default="runs/bench")
-    bn.add_argument("--batch", type=bounded_int(1, 1024), default=8)
+    bn.add_argument("--batch", type=bounded_int(1, 1024), help="probe-overhead: default 8; pvm-decode: default 1, 4 "
+                    "and 8")
     bn.add_argument("--new-tokens", type=bounded_int(1, 4096), default=128)
-    bn.add_argument("--repeats", type=bounded_int(1, 1000), default=3)
+    bn.add_argument("--repeats", type=bounded_int(1, 1000),
+                    help="default: 3 (probe-overhead, diffusion), 9 interleaved pairs (pvm-decode)")
     bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "
                     "predicted to need more")
     bn.set_defaults(func=run)

@@ -1,20 +1,33 @@
-"""``keepsight diffusion train``: a tiny LLaDA-V-style VLM trained on the world (masked-diffusion objective)."""
+"""``keepsight diffusion train``: a LLaDA-V-style VLM trained with the masked-diffusion objective: a tiny one from a
+world base, or a LLaDA-V checkpoint fine-tuned, on a world or the user's own data."""
 
 from __future__ import annotations
 
 from ..atomic import check_output_dir
+from ..models import load_checkpoint
 from ..train.diffusion import DiffusionRecipe, DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
 from ..world.tasks import VLMDataset
-from .options import nonneg_int, positive_float, positive_int, print_stopped, read_samples, training_args
+from .options import (
+    data_args,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_stopped,
+    read_samples,
+    training_args,
+    user_data,
+)
 
 
 def add_parser(sub) -> None:
     df = sub.add_parser("diffusion", help="masked-diffusion VLMs").add_subparsers(dest="diffusion_command",
                                                                                   required=True)
-    dtr = df.add_parser("train", help="train a tiny LLaDA-V-style VLM on the world (masked-diffusion objective)")
-    dtr.add_argument("--base", required=True, help="a world base directory (its vision stage gives the tower)")
-    dtr.add_argument("--data", required=True, help="a world directory")
+    dtr = df.add_parser("train", help="train a LLaDA-V-style VLM with the masked-diffusion objective")
+    start = dtr.add_mutually_exclusive_group(required=True)
+    start.add_argument("--base", help="a world base directory: a new tiny VLM (its vision stage gives the tower)")
+    start.add_argument("--model", help="a LLaDA-V checkpoint directory to fine-tune")
+    data_args(dtr)
     dtr.add_argument("--out", required=True)
     dtr.add_argument("--steps", type=positive_int, default=2500)
     dtr.add_argument("--lr", type=positive_float, default=2e-3)
@@ -26,13 +39,20 @@ def add_parser(sub) -> None:
 
 
 def run_train(args) -> int:
-    check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,), inputs=[args.base, args.data])
+    source = args.base or args.model
+    check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,), inputs=[source, args.data])
     cfg = DiffusionTrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                               answer_length=args.answer_length, seed=args.seed)
-    data = VLMDataset(read_samples(args.data), ("describe",), cfg.seed)
-    summary = train_diffusion(lambda: llada_v_init(args.base, cfg.seed), data, args.out, cfg,
-                              stop_after=args.stop_after, grad_accum=args.grad_accum, source=str(args.base),
-                              overwrite=args.overwrite)
+                               answer_length=args.answer_length, seed=args.seed, skip_bad_rows=args.skip_bad_rows,
+                               max_length=args.max_length)
+    data = user_data(args)
+    if data is None:
+        data = VLMDataset(read_samples(args.data), ("describe",), cfg.seed)
+    if args.base:
+        init = lambda: llada_v_init(args.base, cfg.seed)  # noqa: E731
+    else:
+        init = lambda: load_checkpoint(args.model, dtype=None, device="cpu", expect="diffusion")  # noqa: E731
+    summary = train_diffusion(init, data, args.out, cfg, stop_after=args.stop_after, grad_accum=args.grad_accum,
+                              source=str(source), overwrite=args.overwrite)
     if summary is None:
         return print_stopped(args.stop_after)
     print(f"masked-diffusion loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; model in {args.out}")

@@ -1,4 +1,4 @@
-"""``keepsight lora train``: the parameter-matched LoRA control for PVM on world data."""
+"""``keepsight lora train``: the parameter-matched LoRA control for PVM, on a world or the user's own data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ from ..atomic import check_output_dir
 from ..pvm import PVMConfig
 from ..train.lora_control import LoRARecipe, LoRATrainConfig, train_lora_control
 from ..world.tasks import instruct_data
-from .options import nonneg_int, positive_float, positive_int, print_stopped, read_samples, training_args
+from .options import (
+    data_args,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_stopped,
+    read_samples,
+    training_args,
+    user_data,
+)
 
 
 def add_parser(sub) -> None:
@@ -14,7 +23,7 @@ def add_parser(sub) -> None:
         dest="lora_command", required=True)
     lt = lo.add_parser("train", help="train a LoRA with PVM's layers and (nearest) parameter count")
     lt.add_argument("--model", required=True, help="base model directory")
-    lt.add_argument("--data", required=True, help="a world directory")
+    data_args(lt)
     lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
     lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
     lt.add_argument("--latent-dim", type=positive_int, help="the PVM d' to match (default: hidden / 4)")
@@ -29,8 +38,11 @@ def add_parser(sub) -> None:
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(LoRARecipe.kind,), inputs=[args.model, args.data])
     pvm_cfg = PVMConfig(layers=args.layers or "strided", latent_dim=args.latent_dim)
-    cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
-    summary = train_lora_control(args.model, instruct_data(read_samples(args.data), args.seed), args.out, pvm_cfg,
+    cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+                          max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
+    own = user_data(args)
+    data = instruct_data(read_samples(args.data), args.seed) if own is None else own
+    summary = train_lora_control(args.model, data, args.out, pvm_cfg,
                                  cfg, stop_after=args.stop_after, grad_accum=args.grad_accum, overwrite=args.overwrite)
     if summary is None:
         return print_stopped(args.stop_after)

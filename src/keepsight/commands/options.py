@@ -8,10 +8,11 @@ import argparse
 import math
 import re
 
+from ..data import open_dataset, preflight
 from ..models import DTYPE_CHOICES
 from ..train.distributed import PRECISIONS
 from ..world.config import world_config
-from ..world.dataset import read_world
+from ..world.dataset import is_world, read_world
 from ..world.tasks import WorldSamples
 
 
@@ -99,6 +100,30 @@ def training_args(sp) -> None:
     sp.add_argument("--stop-after", type=positive_int, help="stop after this many steps (resume later)")
     sp.add_argument("--overwrite", action="store_true", help="replace an existing output made from other settings "
                     "(without it such an output is refused; the same settings reuse or resume it)")
+
+
+DATA_HELP = ("a world directory (keepsight world build), a LLaVA-format JSON / JSONL file, or a Hugging Face dataset "
+             "(a save_to_disk directory, parquet or JSONL files with messages or question/answer columns)")
+
+
+def data_args(sp, what: str = "") -> None:
+    """``--data`` of any source, with the options a user's own data needs."""
+    sp.add_argument("--data", required=True, help=DATA_HELP + (f"; {what}" if what else ""))
+    sp.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
+    sp.add_argument("--skip-bad-rows", action="store_true", help="skip the rows the pre-flight check finds bad "
+                    "(missing / unreadable images, placeholder / image mismatch, no answer) instead of stopping")
+    sp.add_argument("--max-length", type=positive_int, help="cut rows to this many tokens (never inside the image "
+                    "tokens: such a row is an error, or skipped with --skip-bad-rows)")
+
+
+def user_data(args, need_answers: bool = True):
+    """``--data`` as a dataset of ``Sample``s after the pre-flight check (which prints what it found), or None when
+    ``--data`` is a world directory (the command then builds the world's own task mix)."""
+    if is_world(args.data):
+        return None
+    ds, report = preflight(open_dataset(args.data, args.image_folder), args.skip_bad_rows, need_answers)
+    print(f"pre-flight of {args.data}: {report.line()}", flush=True)
+    return ds
 
 
 def read_samples(path, limit: int | None = None) -> WorldSamples:

@@ -60,13 +60,28 @@ def assistant_spans(processor, sample: Sample, n_tokens: int) -> list[tuple[int,
     return spans
 
 
+def _image_token_id(processor) -> int | None:
+    for owner in (processor, processor.tokenizer):
+        value = getattr(owner, "image_token_id", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 @dataclass
 class VLMCollator:
     """Chat-formatted, right-padded batches of ``Sample``s; labels on every assistant turn (and what the chat
     template closes it with: eos here, ``<|im_end|>`` in Qwen's, ``<|eot_id|>`` in LLaMA-3's), nowhere else
-    (system and user turns, images, the template's scaffolding, padding); see ``assistant_spans``."""
+    (system and user turns, images, the template's scaffolding, padding); see ``assistant_spans``.
+
+    ``max_length``: rows are cut to that many tokens (their labels with them), never inside the image tokens:
+    a row whose image tokens do not fit is an error naming it, or (``skip_bad_rows``) left out of its batch and
+    counted in ``skipped``."""
 
     processor: object
+    max_length: int | None = None
+    skip_bad_rows: bool = False
+    skipped: int = 0
 
     def __call__(self, batch: list[Sample]) -> dict:
         proc = self.processor
@@ -82,7 +97,32 @@ class VLMCollator:
             for start, end in assistant_spans(proc, sample, int(lengths[b])):
                 labels[b, start:end] = ids[b, start:end]
         enc["labels"] = labels
+        if self.max_length is not None and ids.shape[1] > self.max_length:
+            return self._cut(batch, dict(enc))
         return dict(enc)
+
+    def _cut(self, batch: list[Sample], enc: dict) -> dict:
+        """Rows cut to ``max_length`` tokens; rows whose image tokens reach past it refused or left out."""
+        image_id = _image_token_id(self.processor)
+        ids, n = enc["input_ids"], self.max_length
+        bad = []
+        if image_id is not None:
+            for b in range(ids.shape[0]):
+                where = (ids[b] == image_id).nonzero().flatten()
+                if len(where) and int(where[-1]) >= n:
+                    bad.append(b)
+        if bad and not self.skip_bad_rows:
+            names = [batch[b].id or f"row {b} of the batch" for b in bad]
+            raise ValueError(f"samples {names}: their image tokens do not fit in --max-length {n}; raise it, or pass "
+                             "--skip-bad-rows to leave such rows out")
+        if bad:
+            self.skipped += len(bad)
+            kept = [s for b, s in enumerate(batch) if b not in bad]
+            if not kept:
+                raise ValueError(f"no sample of the batch fits in --max-length {n}")
+            return self(kept)
+        return {k: v[:, :n] if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == ids.shape[1] else v
+                for k, v in enc.items()}
 
 
 @dataclass

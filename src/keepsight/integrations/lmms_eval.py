@@ -351,10 +351,27 @@ class KeepsightLMM:
                 text = text[:at]
         return text.strip()
 
-    @torch.no_grad()
     def _generate_batch(self, contexts: list[str], images: list, counts: list[int], gen_kwargs) -> list[str]:
+        return self.generate_prompts([self.chat_prompt(c, n) for c, n in zip(contexts, counts)], images, gen_kwargs)
+
+    def sample_prompt(self, sample) -> str:
+        """A ``keepsight.data.Sample``'s conversation before its last assistant turn (every earlier turn, several
+        images) in the processor's chat template, ready for the answer; the system prompt when none is given."""
+        messages = list(sample.prompt_messages)
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
+        return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def generate_samples(self, samples: list, gen_kwargs=None) -> list[str]:
+        """Answers to a batch of ``Sample``s (a user's dataset: ``keepsight eval generate``), by this model's
+        method; ``gen_kwargs`` as lmms-eval's (greedy, ``max_new_tokens`` by default)."""
+        return self.generate_prompts([self.sample_prompt(s) for s in samples], [im for s in samples for im in s.images],
+                                     gen_kwargs)
+
+    @torch.no_grad()
+    def generate_prompts(self, prompts: list[str], images: list, gen_kwargs) -> list[str]:
+        """Answers to chat-formatted ``prompts`` (their ``images`` in order) by this model's method."""
         s = self._settings(gen_kwargs)
-        prompts = [self.chat_prompt(c, n) for c, n in zip(contexts, counts)]
         enc = self.encode(prompts, images, "left")
         if self.method == "diffusion":
             new = self._diffuse(enc, s)

@@ -38,6 +38,7 @@ class BridgeTrainConfig(TrainOptions):
     batch_size: int = 16
     bridge: str = "lia_mtr"  # phase 1: the bridge kind (see keepsight.bridge.build_bridge)
     bridge_options: dict = field(default_factory=dict)  # e.g. {"n_scales": 4}
+    lm_lr: float | None = None  # phase 2: the language model's peak lr (None: lr); the bridge trains at lr
     seed: int = 2  # the world base's align-stage seed: same projector-init RNG stream and data order
 
     def __post_init__(self) -> None:
@@ -77,11 +78,24 @@ class BridgeRecipe(Recipe):
     def trainable(self, name: str) -> bool:
         return any(t in name for t in PHASE_TRAINABLE[self.options.phase])
 
+    def optimizer_fn(self):
+        lm_lr, lr = self.options.lm_lr, self.options.lr
+        if self.options.phase == 1 or lm_lr is None:
+            return None
+
+        def build(model):
+            bridge = [p for n, p in model.named_parameters() if p.requires_grad and "multi_modal_projector" in n]
+            rest = [p for n, p in model.named_parameters() if p.requires_grad and "multi_modal_projector" not in n]
+            return torch.optim.AdamW([{"params": bridge, "lr": lr}, {"params": rest, "lr": lm_lr}], lr=lr,
+                                     weight_decay=0.0)
+
+        return build
+
     def dataset(self, processor):
         return self.data
 
     def collator(self, processor):
-        return VLMCollator(processor)
+        return VLMCollator(processor, self.options.max_length, self.options.skip_bad_rows)
 
     def summarise(self, model, processor, logs):
         return {"from": str(self.model_dir), "bridge": model.config.bridge,

@@ -108,7 +108,7 @@ class LoRARecipe(Recipe):
         return self.data
 
     def collator(self, processor):
-        return VLMCollator(processor)
+        return VLMCollator(processor, self.options.max_length, self.options.skip_bad_rows)
 
     def summarise(self, model, processor, logs):
         return {"base": str(self.model_dir), "base_signature": self.signature, "layers": self.layers,

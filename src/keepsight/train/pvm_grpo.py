@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from datasets import Dataset
 from transformers import ProcessorMixin
 
-from ..fingerprint import dir_fingerprint
+from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
 from ..models.arch import check_length
 from ..pvm import load_pvm, pvm_report
@@ -80,6 +81,32 @@ class GRPOData:
     def __post_init__(self) -> None:
         if len(self.rewards) != len(self.weights) or not self.rewards:
             raise ValueError(f"GRPOData: {len(self.rewards)} rewards but {len(self.weights)} weights")
+
+    @classmethod
+    def from_samples(cls, dataset, rewards: list, weights: list[float] | None = None,
+                     max_completion_length: int = 128) -> GRPOData:
+        """Prompts from ``Sample``s with reference answers (a user's data): each prompt is the conversation
+        before its last assistant turn, that turn's text is the ``answer`` column the rewards read. A sample
+        without an assistant turn is an error naming it (GRPO needs a reference)."""
+        rows = []
+        for i in range(len(dataset)):
+            s = dataset[i]
+            if s.answer is None:
+                where = dataset.where(i) if hasattr(dataset, "where") else f"sample {i}"
+                raise ValueError(f"{where}: no assistant turn to take the reference answer from; GRPO on your data "
+                                 "needs an answer per prompt")
+            n = sum(p.get("type") == "image" for m in s.prompt_messages for p in m["content"]
+                    if isinstance(m["content"], list))
+            row = {"prompt": s.prompt_messages, "answer": s.answer}
+            if n == 1:
+                row["image"] = s.images[0]
+            elif n > 1:
+                row["images"] = s.images
+            rows.append(row)
+        weights = [1.0] * len(rewards) if weights is None else list(weights)
+        return cls(Dataset.from_list(rows), list(rewards), weights, report_items=[dataset[i] for i in
+                                                                                   range(min(8, len(dataset)))],
+                   max_completion_length=max_completion_length, fingerprint=data_fingerprint(dataset))
 
 
 def _trainer_class():

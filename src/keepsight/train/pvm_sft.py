@@ -96,7 +96,7 @@ class PVMSFTRecipe(Recipe):
         return self.data
 
     def collator(self, processor):
-        return VLMCollator(processor)
+        return VLMCollator(processor, self.options.max_length, self.options.skip_bad_rows)
 
     def optimizer_fn(self):
         return lambda m: pvm_optimizer(m, self.options.lr, self.options.gate_lr)

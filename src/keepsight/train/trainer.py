@@ -37,11 +37,17 @@ class TrainOptions:
     batch_size: int = 16  # the global batch per optimizer step (split over processes and grad-accum steps)
     seed: int = 0  # model initialisation, data order and the objective's randomness
     save_every: int = 200  # Trainer checkpoint period (steps)
+    max_length: int | None = None  # rows cut to this many tokens (never inside the image tokens); None: no cut
+    skip_bad_rows: bool = False  # a row whose image tokens do not fit max_length is left out (else an error)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "save_every"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
         self.lr = _positive_float("lr", self.lr)
+        if self.max_length is not None:
+            self.max_length = _positive_int("max_length", self.max_length)
+        if not isinstance(self.skip_bad_rows, bool):
+            raise ValueError(f"skip_bad_rows must be true or false, got {self.skip_bad_rows!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         self.seed = int(self.seed)

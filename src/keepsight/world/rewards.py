@@ -18,23 +18,12 @@ import json
 import re
 
 from ..metrics.parse import parse_description
+from ..train.rewards import completion_text
 
 SHORT_KINDS = ("yes_no", "count", "colour", "shape", "scene", "cell")
 LONG_KINDS = ("describe",)
 _CLAUSE_RE = re.compile(r"^at [a-j]\d+ an? \w+ \w+ \w+$")
 _HEADER_RE = re.compile(r"^this is an? \w+ scene \. there (?:are|is) \w+ objects? \.")
-
-
-def completion_text(completion) -> str:
-    """TRL passes conversational completions as ``[{"role": "assistant", "content": ...}]``."""
-    if isinstance(completion, str):
-        return completion.strip()
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content", "")
-        if isinstance(content, list):  # content parts
-            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return str(content).strip()
-    raise TypeError(f"unexpected completion type {type(completion).__name__}")
 
 
 def description_f1(text: str, scene: dict) -> float:

@@ -157,26 +157,34 @@ class VLMDataset(torch.utils.data.Dataset):
         self.samples = samples
         self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
         self.chats: dict[int, list[dict]] = {}  # item index -> its conversation's turns ("chat" items)
+        self.categories: list[str] = []  # per item: its task, or the yes/no question's category
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, description(s))] * describe_repeats
+                self.categories += ["describe"] * describe_repeats
             if "caption" in mix:
                 self.items.append((i, CAPTION_PROMPT, caption(s)))
+                self.categories.append("caption")
             if "yes_no" in mix:
                 qs = yes_no_questions(s, samples.config)
                 for cat in rng.choice(len(qs) // 2, size=yes_no_categories, replace=False):
                     for q in qs[2 * cat : 2 * cat + 2]:
                         self.items.append((i, q["question"], q["answer"]))
+                        self.categories.append(q["category"])
             if "open" in mix:
                 qs = open_questions(s)
                 q = qs[int(rng.integers(len(qs)))]
                 self.items.append((i, q["question"], q["answer"]))
+                self.categories.append("open")
             if "cells" in mix:
-                self.items += [(i, q["question"], q["answer"]) for q in cell_questions(s, samples.config)]
+                cells = cell_questions(s, samples.config)
+                self.items += [(i, q["question"], q["answer"]) for q in cells]
+                self.categories += ["cells"] * len(cells)
             if "chat" in mix:
                 turns = conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1)))
                 self.chats[len(self.items)] = turns
                 self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
+                self.categories.append("chat")
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 
@@ -185,6 +193,10 @@ class VLMDataset(torch.utils.data.Dataset):
 
     def fingerprint(self) -> str:
         return digest([self.samples.fingerprint(), self.items])
+
+    def category(self, i: int) -> str:
+        """Item ``i``'s task ("describe", "open", ...), or for a yes/no question its category ("colour", ...)."""
+        return self.categories[i]
 
     def __getitem__(self, i: int) -> Sample:
         k, prompt, answer = self.items[i]
