@@ -23,3 +23,12 @@ def test_needle_and_scan_write_their_results(tmp_path):
     assert len(res["bridges"]["lia_mtr"]["accuracy"]) == 1 and (tmp_path / "needle.png").stat().st_size > 1000
     res = scan(tmp_path, n=300, widths=(8,), chunks=(16, 64), repeats=1)
     assert all(r["max_abs_err"] < 1e-4 for r in res["rows"]) and (tmp_path / "scan.json").is_file()
+
+
+def test_data_bench_builds_checks_and_collates_a_fixture(tmp_path):
+    from keepsight.bench import data
+
+    result = data.run(tmp_path, rows=40, batch=4, batches=2)
+    assert result["rows"] == 40 and "40 rows" in result["preflight"] and "0 bad rows" in result["preflight"]
+    assert result["collate_rows_per_s"] > 0 and result["build_peak_mib"] > 0
+    assert (tmp_path / "data.json").is_file() and (tmp_path / "data-fixture" / "data.json").is_file()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..atomic import check_output_dir, mark
-from ..bench import bridge_memory, diffusion, needle, probe_overhead, pvm_decode, scan
+from ..bench import bridge_memory, data, diffusion, needle, probe_overhead, pvm_decode, scan
 from .options import bounded_int, positive_float
 
 KIND = "bench"
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "needle": lambda a: needle.run(a.out),
     "scan": lambda a: scan.run(a.out),
     "diffusion": lambda a: diffusion.run(a.out, repeats=a.repeats or 3),
+    "data": lambda a: data.run(a.out, rows=a.rows, batch=a.batch or 16),
 }
 
 
@@ -26,10 +27,12 @@ def add_parser(sub) -> None:
     bn.add_argument("name", choices=list(BENCHMARKS))
     bn.add_argument("--out", default="runs/bench")
     bn.add_argument("--batch", type=bounded_int(1, 1024), help="probe-overhead: default 8; pvm-decode: default 1, 4 "
-                    "and 8")
+                    "and 8; data: 16")
     bn.add_argument("--new-tokens", type=bounded_int(1, 4096), default=128)
     bn.add_argument("--repeats", type=bounded_int(1, 1000),
                     help="default: 3 (probe-overhead, diffusion), 9 interleaved pairs (pvm-decode)")
+    bn.add_argument("--rows", type=bounded_int(1, 10_000_000), default=100_000, help="data: rows of the synthetic "
+                    "LLaVA JSON")
     bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "
                     "predicted to need more")
     bn.set_defaults(func=run)

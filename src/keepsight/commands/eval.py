@@ -2,12 +2,16 @@
 
     keepsight eval generate --model DIR --data SOURCE [--pvm DIR | --bridge | --diffusion [--mps] [--mrs]] --out FILE.jsonl
     keepsight eval score --pred FILE.jsonl [--kind exact|yesno|choice|numeric]
+    keepsight eval pope --coco DIR --out DIR (--model DIR [method options] | --answers FILE.jsonl)
     keepsight eval chair --captions FILE.jsonl --coco DIR [--out FILE.json]
 
 ``generate`` writes one ``{"id", "prompt", "answer", "reference", "category"}`` per row of ``--data`` (any source
 of ``keepsight.data.open_dataset``, or a world directory: its yes/no questions of every category), batched, by
 the method's decoding (``keepsight.integrations.lmms_eval.KeepsightLMM``, the same code lmms-eval runs);
-``score`` scores such a file overall and per category with 95% Wilson intervals.
+``score`` scores such a file overall and per category with 95% Wilson intervals. ``pope`` builds POPE's
+questions from local COCO instance annotations (``keepsight.metrics.pope``: random / popular / adversarial
+negatives, seeded), answers them with the model or reads a given answers file, and reports accuracy,
+precision, recall, F1 and yes-ratio per strategy.
 
 CHAIR:
 ``FILE.jsonl`` holds one ``{"image_id": ..., "caption": ...}`` per line (see
@@ -24,14 +28,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..atomic import check_output_file, write_json, write_text
-from ..data import open_dataset, preflight
+from ..atomic import check_output_dir, check_output_file, mark, write_json, write_text
+from ..data import Sample, open_dataset, open_image, preflight
 from ..integrations.lmms_eval import KeepsightLMM
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
+from ..metrics.pope import (
+    POPE_STRATEGIES,
+    build_pope_questions,
+    load_coco_instances,
+    pope_scores,
+    read_answers_jsonl,
+)
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
-from .options import DATA_HELP, nonneg_int, positive_int, read_samples
+from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
+
+POPE_KIND = "pope"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,16 +63,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ch.set_defaults(func=run)
     generate_parser(ev_sub)
     score_parser(ev_sub)
+    pope_parser(ev_sub)
     return ev
 
 
-def generate_parser(ev_sub) -> None:
-    g = ev_sub.add_parser("generate", help="answers of a model (with a keepsight method) to every row of a dataset")
-    g.add_argument("--model", required=True, help="checkpoint directory (any supported architecture)")
-    g.add_argument("--data", required=True, help=DATA_HELP + "; a world directory gives its yes/no questions")
-    g.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
-    g.add_argument("--skip-bad-rows", action="store_true", help="leave out rows the pre-flight check finds bad")
-    g.add_argument("--out", required=True, type=Path, help="predictions JSONL")
+def method_args(g, required_model: bool = True) -> None:
+    """The model, its method and the decoding options (``eval generate`` and ``eval pope``)."""
+    g.add_argument("--model", required=required_model, help="checkpoint directory (any supported architecture)")
     method = g.add_mutually_exclusive_group()
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
@@ -72,11 +82,31 @@ def generate_parser(ev_sub) -> None:
     g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
     g.add_argument("--max-new-tokens", type=positive_int, default=64)
     g.add_argument("--batch-size", type=positive_int, default=8)
-    g.add_argument("--limit", type=positive_int, help="the first N rows only")
     g.add_argument("--system-prompt", help="a system turn for rows without one")
     g.add_argument("--dtype", default="auto")
     g.add_argument("--device", default="auto")
-    g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
+
+
+def load_method(args) -> KeepsightLMM:
+    """The model with its method, through the lmms-eval model (the same loading and decoding lmms-eval runs)."""
+    if (args.mps or args.mrs or args.steps or args.block_length) and not args.diffusion:
+        raise ValueError("--mps, --mrs, --steps and --block-length are for --diffusion")
+    method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
+    return KeepsightLMM(pretrained=args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
+                        mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
+                        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, steps=args.steps,
+                        block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt)
+
+
+def generate_parser(ev_sub) -> None:
+    g = ev_sub.add_parser("generate", help="answers of a model (with a keepsight method) to every row of a dataset")
+    method_args(g)
+    g.add_argument("--data", required=True, help=DATA_HELP + "; a world directory gives its yes/no questions")
+    g.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
+    g.add_argument("--skip-bad-rows", action="store_true", help="leave out rows the pre-flight check finds bad")
+    g.add_argument("--out", required=True, type=Path, help="predictions JSONL")
+    g.add_argument("--limit", type=positive_int, help="the first N rows only")
     g.set_defaults(func=run_generate)
 
 
@@ -113,13 +143,7 @@ def eval_dataset(args):
 
 def run_generate(args) -> int:
     out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm])
-    if (args.mps or args.mrs or args.steps or args.block_length) and not args.diffusion:
-        raise ValueError("--mps, --mrs, --steps and --block-length are for --diffusion")
-    method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
-    lmm = KeepsightLMM(pretrained=args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
-                       mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
-                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                       block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt)
+    lmm = load_method(args)
     data = eval_dataset(args)
     n = min(len(data), args.limit or len(data))
     records = []
@@ -203,4 +227,87 @@ def run(args) -> int:
     write_json(out, {"captions_file": str(args.captions), "coco": str(args.coco), **result})
     print(format_table(result))
     print(f"wrote {out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- POPE
+
+
+def pope_parser(ev_sub) -> None:
+    pp = ev_sub.add_parser("pope", help="POPE (Li et al. 2023) from local COCO instance annotations")
+    pp.add_argument("--coco", required=True, type=Path, help="COCO root, its annotations/ folder, or an instances "
+                    "JSON file")
+    pp.add_argument("--split", default="val", help="instances_{split}2014.json (or 2017)")
+    pp.add_argument("--image-root", type=Path, help="where the images' file names resolve (default: the first of "
+                    "COCO/{split}2014, COCO/images/{split}2014, COCO/{split}2017, COCO that holds them)")
+    pp.add_argument("--images", type=bounded_int(1, 1_000_000), default=500, help="images drawn (POPE: 500)")
+    pp.add_argument("--per-image", type=bounded_int(1, 40), default=3, help="yes (and no) questions per image")
+    pp.add_argument("--strategies", nargs="+", default=list(POPE_STRATEGIES), choices=list(POPE_STRATEGIES))
+    pp.add_argument("--rule", default="first", choices=["first", "pope"], help="answer parsing: the first yes / no "
+                    "/ not word (unparsed counts as no), or POPE's evaluate.py exactly")
+    pp.add_argument("--answers", type=Path, help="score this answers JSONL ({question_id, answer}) instead of "
+                    "running a model")
+    pp.add_argument("--out", required=True, type=Path, help="directory: questions.jsonl, answers.jsonl, scores.json")
+    method_args(pp, required_model=False)
+    pp.set_defaults(func=run_pope)
+
+
+def _image_root(args, records: list[dict]) -> Path:
+    if args.image_root is not None:
+        return args.image_root
+    coco = args.coco if args.coco.is_dir() else args.coco.parent
+    roots = [coco / f"{args.split}2014", coco / "images" / f"{args.split}2014", coco / f"{args.split}2017",
+             coco / "images" / f"{args.split}2017", coco, coco.parent / f"{args.split}2014"]
+    first = records[0]["image"]
+    for root in roots:
+        if (root / first).is_file():
+            return root
+    raise FileNotFoundError(f"image {first} is in none of {[str(r) for r in roots]}; pass --image-root")
+
+
+def pope_table(scores: dict) -> str:
+    keys = [k for k in scores if k != "all"] + ["all"]
+    lines = [f"{'strategy':<12}{'n':>6}{'accuracy':>10}{'precision':>11}{'recall':>8}{'F1':>8}{'yes-ratio':>11}"
+             f"{'unparsed':>10}"]
+    for k in keys:
+        r = scores[k]
+        lines.append(f"{k:<12}{r['n']:>6}{r['accuracy']:>10.4f}{r['precision']:>11.4f}{r['recall']:>8.4f}"
+                     f"{r['f1']:>8.4f}{r['yes_ratio']:>11.4f}{r['n_unparsed']:>10}")
+    return "\n".join(lines)
+
+
+def run_pope(args) -> int:
+    if (args.model is None) == (args.answers is None):
+        raise ValueError("give --model (to answer the questions) or --answers (a file to score), not both or neither")
+    out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=[args.coco, args.model, args.answers])
+    instances = load_coco_instances(args.coco, split=args.split)
+    built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
+                                 strategies=args.strategies, seed=args.seed)
+    records = [r for rs in built.values() for r in rs]
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, POPE_KIND)
+    write_text(out / "questions.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    if args.answers is not None:
+        answers = read_answers_jsonl(args.answers)
+    else:
+        lmm = load_method(args)
+        root = _image_root(args, records)
+        answers = {}
+        with tqdm(total=len(records), desc="keepsight eval pope") as bar:
+            for start in range(0, len(records), args.batch_size):
+                chunk = records[start : start + args.batch_size]
+                rows = [Sample.single_turn(r["question"], image=open_image(root / r["image"]), id=r["question_id"])
+                        for r in chunk]
+                for r, text in zip(chunk, lmm.generate_samples(rows, {"max_new_tokens": args.max_new_tokens})):
+                    answers[r["question_id"]] = text
+                bar.update(len(chunk))
+        write_text(out / "answers.jsonl", "".join(json.dumps({"question_id": q, "answer": a}) + "\n"
+                                                  for q, a in answers.items()))
+    scores = pope_scores(records, answers, rule=args.rule)
+    write_json(out / "scores.json", {"coco": str(args.coco), "split": args.split, "images": args.images,
+                                     "per_image": args.per_image, "seed": args.seed, "rule": args.rule,
+                                     "model": args.model, "answers": str(args.answers) if args.answers else None,
+                                     "scores": scores})
+    print(pope_table(scores))
+    print(f"wrote {out}/questions.jsonl, scores.json" + ("" if args.answers else ", answers.jsonl"))
     return 0
