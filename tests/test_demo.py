@@ -1,8 +1,10 @@
 import dataclasses
 import json
+import math
 import time
 
 from keepsight.demo import PROFILES, cache_key, run_demo
+from smoke_pins import PINS, pick
 
 
 def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys, monkeypatch):
@@ -23,12 +25,17 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert len(diag["omega_v_by_layer"]) == 4 and diag["steps"] >= 1
     assert "Dilution diagnostics" in html and (out / "diagnosis" / "omega_v_loglog.png").is_file()
     assert res["base"]["yes_no"] == base["yes_no"]
+    # the pipeline's numbers, pinned: a silent change to data, training or evaluation shows here
+    pinned = json.loads(PINS.read_text())
+    got = pick(saved)
+    moved = {k: (pinned[k], got[k]) for k in pinned if not math.isclose(got[k], pinned[k], rel_tol=1e-2, abs_tol=1e-3)}
+    assert not moved, f"smoke results moved (pinned, now); regenerate with tests/smoke_pins.py if intended: {moved}"
     # the PVM arms: same evaluation for each, adapters trained and cached, gates reported
     pvm = saved["pvm"]
-    assert list(pvm["arms"]) == ["base", "pvm_sft", "lora", "pvm_grpo"]
+    assert list(pvm["arms"]) == ["base", "pvm_sft", "lora", "pvm_grpo", "full_ft"]
     assert pvm["comparison"]["base"]["late_rel_change"] in (0.0, None)
     assert set(pvm["training"]["pvm_sft"]["after"]) == set(pvm["training"]["pvm_grpo"]["after"])
-    assert pvm["training"]["lora"]["lora_parameters"] > 0 and "PVM: four arms" in html
+    assert pvm["training"]["lora"]["lora_parameters"] > 0 and "PVM: the arms" in html
     # the bridge arms: MLP and LIA-MTR after each phase, the write gate probed
     bridge = saved["bridge"]
     assert list(bridge["arms"]) == ["mlp_phase1", "lia_mtr_phase1", "mlp_phase2", "lia_mtr_phase2"]

@@ -10,7 +10,13 @@ from ..metrics import early_late
 from ..world.base import TrainConfig
 from ..world.config import WorldConfig
 from ..world.diagnose import diagnose
-from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+from ..world.evaluate import (
+    HISTORY_LENGTHS,
+    evaluate_descriptions,
+    evaluate_history,
+    evaluate_open,
+    evaluate_yes_no,
+)
 from ..world.tasks import WorldSamples
 
 
@@ -41,8 +47,9 @@ class ExperimentContext:
 
 
 def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
-    """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, and the
-    attention / TVR / LogitLens diagnosis. Description texts are dropped from the result, except a few."""
+    """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, the
+    attention / TVR / LogitLens diagnosis, and the multi-turn dilution regime (accuracy of a fixed visual
+    question after 0 .. 15 turns of history). Description texts are dropped from the result, except a few."""
     log(f"  yes/no on {len(sets.eval)} scenes")
     yn, _ = evaluate_yes_no(model, processor, sets.eval)
     log("  open answers")
@@ -54,6 +61,8 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
     dil = evaluate_descriptions(model, processor, sets.dilution)
     log(f"  attention mass, TVR and LogitLens while describing {len(sets.diagnosis)} scenes")
     diag = diagnose(model, processor, sets.diagnosis)
+    log(f"  a visual question after 0 .. {HISTORY_LENGTHS[-1]} turns of history, {len(sets.eval)} scenes")
+    history = evaluate_history(model, processor, sets.eval)
     return {
         "yes_no": yn,
         "open": open_acc,
@@ -61,6 +70,7 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
         "dilution": {"n_objects": k, **{key: v for key, v in dil.items() if key != "texts"},
                      "early_late": early_late(dil["texts"], sets.dilution.scenes, max(1, k // 2))},
         "diagnosis": diag,
+        "history": history,
         "texts": desc["texts"][:6],
     }
 

@@ -31,10 +31,18 @@ PAPER = {"mme_lia": 71.00, "mme_mlp": 68.11, "existence_after_align_lia": 91.67,
 @dataclass
 class BridgeExperiment:
     bridge: str = "lia_mtr"
-    options: dict = field(default_factory=dict)  # LiaMtrConfig fields, e.g. {"n_scales": 4}
+    options: dict = field(default_factory=dict)  # LiaMtrConfig fields every reading shares, e.g. {"n_scales": 4}
+    # the readings of the paper's words to compare (each one LIA-MTR arm): {} is the default (geometric
+    # spacing of lambda, a gate per channel); see LiaMtrConfig.lambda_spacing / gate
+    readings: tuple[dict, ...] = ({},)
 
     def to_dict(self) -> dict:
-        return {"bridge": self.bridge, "options": dict(self.options)}
+        return {"bridge": self.bridge, "options": dict(self.options), "readings": [dict(r) for r in self.readings]}
+
+    def arm_name(self, reading: dict) -> str:
+        if not reading:
+            return self.bridge
+        return f"{self.bridge}[{','.join(str(v) for _, v in sorted(reading.items()))}]"
 
 
 @torch.no_grad()
@@ -52,42 +60,58 @@ def probe_write_gate(model, processor, samples: WorldSamples, n: int = 64) -> di
     return bridge.probe(torch.cat(seen))
 
 
-def run_bridge_experiment(exp: BridgeExperiment, ctx: ExperimentContext) -> dict:
-    """Train (or reuse) both phases of the bridge arm and score every arm after each phase."""
-    model_dir, train_cfg, train, sets, log = ctx.model_dir, ctx.train_config, ctx.scenes(), ctx.sets, ctx.log
-    key = hashlib.sha256(json.dumps([exp.to_dict(), train_cfg.to_dict()], sort_keys=True).encode()).hexdigest()[:12]
+def _train_reading(exp: BridgeExperiment, reading: dict, ctx: ExperimentContext, log) -> dict:
+    """Both phases of one LIA-MTR reading from the base's backbone, with the MLP's schedules, seeds and data."""
+    model_dir, tc, train = ctx.model_dir, ctx.train_config, ctx.scenes()
+    options = {**exp.options, **reading}
+    spec = [exp.bridge, options, tc.to_dict()]
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(f"{model_dir}-bridge") / f"{exp.bridge}-{key}"
-    align, instruct = train_cfg.align, train_cfg.instruct  # the same schedules and seeds as the MLP's stages
+    align, instruct = tc.align, tc.instruct  # the same schedules and seeds as the MLP's stages
     p1 = BridgeTrainConfig(phase=1, steps=align.steps, lr=align.lr, batch_size=align.batch_size, bridge=exp.bridge,
-                           bridge_options=exp.options, seed=train_cfg.seed + 2, save_every=train_cfg.save_every)
+                           bridge_options=options, seed=tc.seed + 2, save_every=tc.save_every)
     p2 = BridgeTrainConfig(phase=2, steps=instruct.steps, lr=instruct.lr, batch_size=instruct.batch_size,
-                           seed=train_cfg.seed + 3, save_every=train_cfg.save_every)
-    log(f"{exp.bridge} phase 1 (alignment, {p1.steps} steps) -> {cache / 'phase1'}")
+                           lm_lr=tc.instruct_lm_lr, seed=tc.seed + 3, save_every=tc.save_every)
+    name = exp.arm_name(reading)
+    log(f"{name} phase 1 (alignment, {p1.steps} steps) -> {cache / 'phase1'}")
     s1 = train_bridge(model_dir, caption_data(train, p1.seed), cache / "phase1", p1, progress=False,
                       init=lambda: backbone_init(model_dir, p1.seed))
-    log(f"{exp.bridge} phase 2 (instruction tuning, {p2.steps} steps) -> {cache / 'phase2'}")
-    s2 = train_bridge(cache / "phase1", instruct_data(train, p2.seed), cache / "phase2", p2, progress=False)
+    log(f"{name} phase 2 (instruction tuning, {p2.steps} steps) -> {cache / 'phase2'}")
+    s2 = train_bridge(cache / "phase1", instruct_data(train, p2.seed, tc.instruct_tasks, tc.max_turns),
+                      cache / "phase2", p2, progress=False)
+    return {"name": name, "dirs": (cache / "phase1", cache / "phase2"), "summaries": (s1, s2)}
 
-    arms, gates = {}, {}
-    for name, path in (("mlp_phase1", model_dir / "stages" / "align"), (f"{exp.bridge}_phase1", cache / "phase1"),
-                       (f"{exp.bridge}_phase2", cache / "phase2")):
+
+def run_bridge_experiment(exp: BridgeExperiment, ctx: ExperimentContext) -> dict:
+    """Train (or reuse) both phases of each LIA-MTR reading and score every arm after each phase, beside the MLP
+    (the base itself: its align stage is phase 1, its instruct stage phase 2)."""
+    model_dir, sets, log = ctx.model_dir, ctx.sets, ctx.log
+    trained = [_train_reading(exp, r, ctx, log) for r in exp.readings]
+    models = {"mlp_phase1": model_dir / "stages" / "align", "mlp_phase2": model_dir}
+    stage_loss = {st: json.loads((model_dir / "stages" / st / "keepsight_stage.json").read_text())["last_loss"]
+                  for st in ("align", "instruct")}
+    losses = {"mlp_phase1": stage_loss["align"], "mlp_phase2": stage_loss["instruct"]}
+    training = {}
+    for t in trained:
+        for phase, (path, summary) in enumerate(zip(t["dirs"], t["summaries"]), 1):
+            arm = f"{t['name']}_phase{phase}"
+            models[arm], losses[arm] = path, summary["last_loss"]
+            training[arm] = {k: v for k, v in summary.items() if k != "log_history"}
+    order = ["mlp_phase1", *[f"{t['name']}_phase1" for t in trained], "mlp_phase2",
+             *[f"{t['name']}_phase2" for t in trained]]
+    arms, gates = {"mlp_phase2": ctx.base}, {}
+    for name in order:
+        if name in arms:
+            continue
         log(f"evaluating {name}")
-        model, processor = load_checkpoint(path, dtype=None, device="cpu")
+        model, processor = load_checkpoint(models[name], dtype=None, device="cpu")
         arms[name] = evaluate_arm(model, processor, sets, log)
         if hasattr(model.model.multi_modal_projector, "probe"):
             gates[name] = probe_write_gate(model, processor, sets.eval)
-    arms["mlp_phase2"] = ctx.base
-    stage_loss = {st: json.loads((model_dir / "stages" / st / "keepsight_stage.json").read_text())["last_loss"]
-                  for st in ("align", "instruct")}
-    losses = {"mlp_phase1": stage_loss["align"], f"{exp.bridge}_phase1": s1["last_loss"],
-              "mlp_phase2": stage_loss["instruct"], f"{exp.bridge}_phase2": s2["last_loss"]}
-    order = ["mlp_phase1", f"{exp.bridge}_phase1", "mlp_phase2", f"{exp.bridge}_phase2"]
-    strip = lambda s: {k: v for k, v in s.items() if k != "log_history"}  # noqa: E731
     return {
         "config": exp.to_dict(),
-        "models": {"mlp_phase1": str(model_dir / "stages" / "align"), "mlp_phase2": str(model_dir),
-                   f"{exp.bridge}_phase1": str(cache / "phase1"), f"{exp.bridge}_phase2": str(cache / "phase2")},
-        "training": {"phase1": strip(s1), "phase2": strip(s2)},
+        "models": {k: str(v) for k, v in models.items()},
+        "training": training,
         "arms": {k: arms[k] for k in order},
         "final_train_loss": losses,  # the last logged training loss of each arm's phase
         "write_gate": gates,

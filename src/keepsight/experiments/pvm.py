@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..models import load_checkpoint
 from ..pvm import PVMConfig, load_pvm
+from ..train.finetune import FinetuneConfig, train_finetune
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
@@ -26,7 +27,7 @@ from ..world.grpo import check_tasks, world_grpo_data
 from ..world.tasks import WorldSamples, instruct_data
 from .arm import ExperimentContext, evaluate_arm, relative_change
 
-ARMS = ("base", "pvm_sft", "lora", "pvm_grpo")
+ARMS = ("base", "pvm_sft", "lora", "pvm_grpo", "full_ft")
 PAPER = {"avg_gain_8b": 4.8, "avg_gain_4b": 4.4, "short_rel": 0.061, "long_rel": 0.273, "overhead": 0.0032}
 
 
@@ -36,6 +37,7 @@ class PVMExperiment:
     sft: PVMTrainConfig = field(default_factory=PVMTrainConfig)
     lora: LoRATrainConfig = field(default_factory=LoRATrainConfig)
     grpo: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
+    finetune: FinetuneConfig | None = field(default_factory=FinetuneConfig)  # the full fine-tuning reference arm
     n_grpo_scenes: int = 1000  # the first scenes of the training set, for GRPO prompts
     grpo_tasks: tuple[str, ...] = ("describe", "open")  # GRPO prompts (keepsight.world.grpo)
     format_weight: float = 0.2  # weight of the format reward (the answer reward has weight 1)
@@ -45,7 +47,8 @@ class PVMExperiment:
 
     def to_dict(self) -> dict:
         return {"pvm": self.pvm.to_dict(), "sft": asdict(self.sft), "lora": asdict(self.lora),
-                "grpo": asdict(self.grpo), "n_grpo_scenes": self.n_grpo_scenes, "grpo_tasks": list(self.grpo_tasks),
+                "grpo": asdict(self.grpo), "finetune": asdict(self.finetune) if self.finetune else None,
+                "n_grpo_scenes": self.n_grpo_scenes, "grpo_tasks": list(self.grpo_tasks),
                 "format_weight": self.format_weight}
 
 
@@ -65,27 +68,46 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     lora_dir = cache / f"lora-{_hash([exp.pvm.to_dict(), asdict(exp.lora)])}"
     grpo_dir = cache / f"grpo-{_hash([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight])}"
 
+    tc = ctx.train_config  # every arm trains on the base's own instruct mix (conversations included)
+
+    def data(seed: int):
+        return instruct_data(train, seed, tc.instruct_tasks, tc.max_turns)
+
     log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
-    sft = train_pvm_sft(model_dir, instruct_data(train, exp.sft.seed), sft_dir, exp.pvm, exp.sft, progress=False)
+    sft = train_pvm_sft(model_dir, data(exp.sft.seed), sft_dir, exp.pvm, exp.sft, progress=False)
     log(f"LoRA control ({exp.lora.steps} steps, parameter-matched) -> {lora_dir}")
-    lora = train_lora_control(model_dir, instruct_data(train, exp.lora.seed), lora_dir, exp.pvm, exp.lora,
-                              progress=False)
+    lora = train_lora_control(model_dir, data(exp.lora.seed), lora_dir, exp.pvm, exp.lora, progress=False)
+    attach = {"pvm_sft": lambda m: load_pvm(m, sft_dir), "lora": lambda m: apply_lora(m, lora_dir)}
+    training = {"pvm_sft": _strip(sft), "lora": _strip(lora)}
+    adapters = {"pvm_sft": str(sft_dir), "lora": str(lora_dir)}
+    if exp.finetune is not None:
+        ft_dir = cache / f"finetune-{_hash([asdict(exp.finetune), list(tc.instruct_tasks), tc.max_turns])}"
+        log(f"full fine-tuning reference ({exp.finetune.steps} steps, every parameter but the tower) -> {ft_dir}")
+        training["full_ft"] = _strip(train_finetune(model_dir, data(exp.finetune.seed), ft_dir, exp.finetune,
+                                                    progress=False))
+        adapters["full_ft"] = str(ft_dir)
     grpo_train = WorldSamples(train.config, train.scenes[: exp.n_grpo_scenes], train.images[: exp.n_grpo_scenes])
-    data = world_grpo_data(grpo_train, exp.grpo_tasks, exp.grpo.seed, exp.format_weight)
+    grpo_data = world_grpo_data(grpo_train, exp.grpo_tasks, exp.grpo.seed, exp.format_weight)
     log(f"PVM stage 2 (GRPO, {exp.grpo.steps} steps, {exp.grpo.num_generations} completions a prompt) -> {grpo_dir}")
-    grpo = train_pvm_grpo(model_dir, sft_dir, data, grpo_dir, exp.grpo, progress=False)
+    grpo = train_pvm_grpo(model_dir, sft_dir, grpo_data, grpo_dir, exp.grpo, progress=False)
+    attach["pvm_grpo"] = lambda m: load_pvm(m, grpo_dir)
+    training["pvm_grpo"], adapters["pvm_grpo"] = _strip(grpo), str(grpo_dir)
 
     arms = {"base": ctx.base}
-    for arm, attach in (("pvm_sft", lambda m: load_pvm(m, sft_dir)), ("lora", lambda m: apply_lora(m, lora_dir)),
-                        ("pvm_grpo", lambda m: load_pvm(m, grpo_dir))):
+    for arm in ARMS[1:]:
+        if arm == "full_ft":
+            if "full_ft" not in adapters:
+                continue
+            model, processor = load_checkpoint(adapters["full_ft"], dtype=None, device="cpu")
+        else:
+            model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
+            model = attach[arm](model)
         log(f"evaluating arm {arm}")
-        model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
-        model = attach(model)
         arms[arm] = evaluate_arm(model, processor, sets, log)
     return {
         "config": exp.to_dict(),
-        "adapters": {"pvm_sft": str(sft_dir), "lora": str(lora_dir), "pvm_grpo": str(grpo_dir)},
-        "training": {"pvm_sft": _strip(sft), "lora": _strip(lora), "pvm_grpo": _strip(grpo)},
+        "adapters": adapters,
+        "training": training,
         "arms": arms,
         "comparison": compare_arms(arms),
         "paper": PAPER,
@@ -95,11 +117,19 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
 def compare_arms(arms: dict) -> dict:
     """Per arm: the headline numbers, and relative change against the base for early / late objects."""
     base = arms["base"]["dilution"]["early_late"]
+    base_hist = arms["base"]["history"]
     out = {}
     for name, a in arms.items():
         el = a["dilution"]["early_late"]
         ch = a["descriptions"]["chair"]
+        hist = a["history"]
+        short, long = (hist["by_length"][str(h)]["acc"] for h in (hist["lengths"][0], hist["lengths"][-1]))
+        b_short, b_long = (base_hist["by_length"][str(h)]["acc"]
+                           for h in (base_hist["lengths"][0], base_hist["lengths"][-1]))
         out[name] = {
+            "history_short_acc": short, "history_long_acc": long, "history_drop": hist["drop"]["diff"],
+            "history_short_rel_change": relative_change(short, b_short),
+            "history_long_rel_change": relative_change(long, b_long),
             "yes_no_acc": a["yes_no"]["overall_acc"],
             "yes_no_by_category": {c: v["acc"] for c, v in a["yes_no"]["categories"].items()},
             "open_mean": sum(a["open"].values()) / len(a["open"]) if a["open"] else None,

@@ -26,10 +26,13 @@ def bridge_sections(res: dict) -> list[tuple[str, str]]:
     arms, rows = _rows(res)
     p = res["paper"]
     tr = res["training"]
+    first1 = next(k for k in tr if k.endswith("_phase1"))
+    first2 = next(k for k in tr if k.endswith("_phase2"))
     intro = (f"<p>MLP (the base model's own projector) against {res['config']['bridge']} "
-             f"({tr['phase1']['bridge_parameters']:,d} parameters), from the same language model and vision "
-             f"tower, with the same phase budgets: phase 1 {tr['phase1']['train']['steps']} steps "
-             f"(projector only), phase 2 {tr['phase2']['train']['steps']} steps (projector + LLM). The "
+             f"({tr[first1]['bridge_parameters']:,d} parameters) in each reading "
+             f"({', '.join(k[:-7] for k in tr if k.endswith('_phase1'))}), from the same language model and vision "
+             f"tower, with the same phase budgets: phase 1 {tr[first1]['train']['steps']} steps "
+             f"(projector only), phase 2 {tr[first2]['train']['steps']} steps (projector + LLM). The "
              f"paper (real benchmarks): MME {p['mme_lia']} vs {p['mme_mlp']} after instruction tuning, Existence "
              f"{p['existence_after_align_lia']} vs {p['existence_after_align_mlp']} after alignment, Scene "
              f"{p['scene_lia']} vs {p['scene_mlp']}.</p>")
@@ -38,7 +41,7 @@ def bridge_sections(res: dict) -> list[tuple[str, str]]:
     gate_rows.append(["paper", p["gate_mean"], p["gate_std"], "1.94 .. 138.28", ""])
     return [
         ("Bridge: MLP vs LIA-MTR after each phase", intro + table(["measure"] + arms, rows)),
-        ("Bridge: LIA-MTR write gate on held-out images",
+        ("Bridge: LIA-MTR write gate and the mixer's weight per half-life on held-out images",
          table(["model", "gate mean", "gate std", "half-lives (steps)", "mean scale weights"], gate_rows)),
     ]
 

@@ -8,8 +8,12 @@ from .html import fmt, img_tag, table
 from .plots import plot_arms_by_index
 
 LABELS = {"base": "base", "pvm_sft": "+ PVM (stage 1 SFT)", "lora": "+ LoRA (matched control)",
-          "pvm_grpo": "+ PVM (SFT + GRPO)"}
+          "pvm_grpo": "+ PVM (SFT + GRPO)", "full_ft": "full fine-tuning (reference)"}
 HEADLINE = (
+    ("visual question, no history", "history_short_acc"), ("visual question after the longest history",
+                                                             "history_long_acc"),
+    ("drop, shortest -> longest history", "history_drop"), ("no history: rel. change vs base", "history_short_rel_change"),
+    ("longest history: rel. change vs base", "history_long_rel_change"),
     ("yes/no acc", "yes_no_acc"), ("open answers (mean)", "open_mean"), ("CHAIRi", "chair_i"),
     ("hallucination rate", "hallucination_rate"), ("object recall", "object_recall"),
     ("exact recall", "exact_recall"), ("early objects: exact recall", "early_exact_recall"),
@@ -27,7 +31,8 @@ def _gate_rows(training: dict) -> list[list]:
         for layer, after in s["after"].items():
             before = s["before"][layer]
             rows.append([stage, layer, before["gate_mean"], after["gate_mean"], before["relative_norm"],
-                         after["relative_norm"]])
+                         after["relative_norm"], before.get("entropy"), after.get("entropy"), after.get("max_entropy"),
+                         before.get("query_tv"), after.get("query_tv")])
     return rows
 
 
@@ -43,22 +48,33 @@ def pvm_sections(res: dict, plot: Path) -> list[tuple[str, str]]:
     rew = [[r.get("step"), r.get("reward"), r.get("rewards/answer_reward/mean"), r.get("rewards/format_reward/mean"),
             r.get("kl"), r.get("completions/mean_length")] for r in grpo["rewards"]]
     intro = (
-        f"<p>Four arms from the same base, trained on the same scenes: PVM stage 1 ({tr['pvm_sft']['train']['steps']} "
-        f"steps, backbone frozen), a LoRA on the same layers with rank {lora['rank']} "
-        f"({lora['lora_parameters']} parameters vs PVM's {lora['pvm_parameters']}) for the same steps, and PVM "
-        f"stage 1 + GRPO ({grpo['train']['steps']} steps, {grpo['train']['num_generations']} completions a prompt, "
-        f"KL beta {grpo['train']['beta']} to the stage-1 model). Early / late: objects at index &lt; {split} / "
+        f"<p>Arms from the same base, trained on the same scenes (the base's instruct mix, multi-turn conversations "
+        f"included): PVM stage 1 ({tr['pvm_sft']['train']['steps']} steps, backbone frozen), a LoRA on the same "
+        f"layers with rank {lora['rank']} ({lora['lora_parameters']} parameters vs PVM's {lora['pvm_parameters']}) "
+        f"for the same steps, PVM stage 1 + GRPO ({grpo['train']['steps']} steps, "
+        f"{grpo['train']['num_generations']} completions a prompt, KL beta {grpo['train']['beta']} to the stage-1 "
+        f"model){', and full fine-tuning as the upper reference' if 'full_ft' in tr else ''}. The visual question: "
+        f"one fixed yes/no question per held-out scene, asked after 0 .. h turns of other questions about the same "
+        f"image (short vs long; the paper's short / long answers). Early / late: objects at index &lt; {split} / "
         f"&ge; {split} of {n_obj} in the description. The paper (Qwen3-VL, real benchmarks): "
         f"+{paper['avg_gain_8b']} pts average (8B), +{100 * paper['short_rel']:.1f}% relative on short answers, "
         f"+{100 * paper['long_rel']:.1f}% on long ones, and earlier LogitLens convergence.</p>"
     )
     return [
-        ("PVM: four arms", intro + table(["measure"] + [LABELS[a] for a in arms], rows)
+        ("PVM: the arms", intro + table(["measure"] + [LABELS[a] for a in arms], rows)
          + img_tag(plot.read_bytes(), "exact accuracy by index per arm")),
+        ("PVM: accuracy of a visual question after h turns of history",
+         table(["arm"] + [f"h = {h}" for h in res["arms"]["base"]["history"]["lengths"]],
+               [[LABELS[a]] + [res["arms"][a]["history"]["by_length"][str(h)]["acc"]
+                               for h in res["arms"][a]["history"]["lengths"]] for a in arms])),
         ("PVM: yes/no accuracy by category", table(["category"] + [LABELS[a] for a in arms], cat_rows)),
-        ("PVM: gates and ||PVM out|| / ||FFN out|| before and after each stage",
-         table(["stage", "layer", "gate before", "gate after", "rel. norm before", "rel. norm after"],
-               _gate_rows(tr))),
+        ("PVM: gates, ||PVM out|| / ||FFN out|| and the retrieval before and after each stage",
+         "<p>Retrieval entropy equal to ln M is a uniform mean-pool of the visual tokens; query dependence is the "
+         "mean total-variation distance between two text positions' retrieval distributions (0: every position "
+         "retrieves the same).</p>"
+         + table(["stage", "layer", "gate before", "gate after", "rel. norm before", "rel. norm after",
+                  "entropy before", "entropy after", "ln M", "query dep. before", "query dep. after"],
+                 _gate_rows(tr))),
         ("PVM: GRPO rewards during training",
          table(["step", "reward", "answer reward", "format reward", "KL", "completion length"], rew)),
     ]
