@@ -8,6 +8,19 @@ each still-masked slot of the current block the model's token is chosen (argmax,
 ``temperature > 0``) and scored (``low_confidence``: softmax probability of the chosen token under the
 untempered, guided logits; ``random``: uniform noise); the top-k scored slots are committed.
 
+Fast decoding (ours, after the ideas Fast-dLLM published; no code taken): ``cache="prefix"`` runs a full
+forward at each block's first step that records the keys / values of everything before the block
+(``keepsight.models.llada.BlockKV``); the block's later steps forward only the block and the slots after it,
+attending to the recorded prefix. ``cache="dual"`` also records the slots after the block and forwards the
+block alone. The recorded keys are those of the sequence as it was at the refresh, so later steps are an
+approximation (``refresh_every=k`` refreshes every k steps; ``refresh_every=1`` is the plain sampler).
+``threshold``: besides the schedule's count, every still-masked slot of the block whose confidence exceeds the
+threshold is committed in the same step (confidence-aware parallel decoding); a block whose slots are all
+committed ends early, saving its remaining forwards (``threshold=1.0`` commits exactly the schedule: the plain
+sampler). ``DiffusionOutput.forwards`` / ``token_forwards`` count the model calls and the positions they ran.
+Classifier-free guidance and the cache do not combine (an error); MRS with ``segments`` other than "all"
+reads column indices and needs ``cache="none"``.
+
 Choices (ours): bad arguments are ``ValueError``s, never silently adjusted. The mask token is never
 predicted (its logit is -inf), so a committed slot never stays masked. Padded prompts get position ids
 ``cumsum(attention_mask) - 1`` (left or right padding both work). ``cfg_scale == 0`` skips the
@@ -25,8 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.arch import check_length
+from ..models.llada import BlockKV
 
 REMASKING = ("low_confidence", "random")
+CACHES = ("none", "prefix", "dual")
 
 
 @dataclass
@@ -46,6 +61,8 @@ class DiffusionOutput:
     sequences: torch.Tensor  # [B, P + G] prompt + generated ids
     prompt_length: int
     trace: list[StepTrace] = field(default_factory=list)
+    forwards: int = 0  # model calls (a guided step counts two)
+    token_forwards: int = 0  # positions those calls ran, summed (B x their length): the FLOPs proxy
 
     @property
     def generated(self) -> torch.Tensor:  # [B, G]
@@ -133,6 +150,9 @@ def generate(
     trace: bool = False,
     callback: Callable[[StepTrace, torch.Tensor], None] | None = None,
     model_kwargs: dict | None = None,
+    cache: str = "none",
+    threshold: float | None = None,
+    refresh_every: int | None = None,
 ) -> DiffusionOutput:
     """Decode ``gen_length`` tokens after ``input_ids [B, P]`` in ``steps`` denoising steps.
 
@@ -142,8 +162,20 @@ def generate(
     generation slots (LLaDA-V suppresses eos/pad/header ids). ``generator`` drives the Gumbel and
     random-remasking noise, so outputs depend only on it. ``trace=True`` fills ``output.trace`` with one
     ``StepTrace`` per step; ``callback(step_trace, x)`` is called after every step with the ids ``[B, T]``.
-    ``model_kwargs`` go to the conditional forward (e.g. ``image_sizes``).
+    ``model_kwargs`` go to the conditional forward (e.g. ``image_sizes``). ``cache`` ("none" | "prefix" |
+    "dual"), ``refresh_every`` and ``threshold``: fast decoding, see the module docstring.
     """
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1:
+            raise ValueError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
+        if remasking != "low_confidence":
+            raise ValueError("threshold compares the model's confidence: it needs remasking='low_confidence'")
+    if refresh_every is not None:
+        refresh_every = _int("refresh_every", refresh_every)
+    if cache != "none" and cfg_scale > 0:
+        raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use cache='none'")
     mask_id = resolve_mask_token_id(model, mask_token_id=mask_token_id)
     block_length = gen_length if block_length is None else block_length
     n_blocks, steps_per_block = _check(gen_length, steps, block_length, temperature, cfg_scale, remasking)
@@ -178,18 +210,39 @@ def generate(
     if cfg_scale > 0:
         prompt_real = am[:, :P].bool() if am is not None else torch.ones_like(input_ids, dtype=torch.bool)
 
+    T = P + gen_length
+    kv = BlockKV() if cache != "none" else None
+    positions = base_kwargs.get("position_ids", torch.arange(T, device=device)[None])  # [B|1, T]
+    key_mask_full = am if am is not None else torch.ones(B, T, dtype=torch.long, device=device)  # [B, T]
     records: list[StepTrace] = []
-    step = 0
+    step = forwards = token_forwards = 0
     for b in range(n_blocks):
         lo, hi = P + b * block_length, P + (b + 1) * block_length  # current block [lo, hi)
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block)  # [B, steps_per_block]
+        end = hi if cache == "dual" else T  # the query window of cached steps: [lo, end)
         for s in range(steps_per_block):
-            logits = model(input_ids=x, **base_kwargs, **cond_kwargs).logits[:, lo:hi]  # [B, L, V]
+            if threshold is not None and not bool((x[:, lo:hi] == mask_id).any()):
+                break  # every slot of the block is committed: its remaining steps are saved
+            if kv is None:
+                logits = model(input_ids=x, **base_kwargs, **cond_kwargs).logits[:, lo:hi]  # [B, L, V]
+                forwards, token_forwards = forwards + 1, token_forwards + B * T
+            elif s == 0 or (refresh_every is not None and s % refresh_every == 0):
+                cols = torch.arange(T, device=device)
+                keep = (cols < lo) | (cols >= end)  # [T]: what the window's steps will read from the record
+                kv.record(keep, key_mask_full[:, keep])
+                logits = model(input_ids=x, **base_kwargs, **cond_kwargs, cache=kv).logits[:, lo:hi]
+                forwards, token_forwards = forwards + 1, token_forwards + B * T
+            else:
+                window = {"attention_mask": key_mask_full[:, lo:end],
+                          "position_ids": positions[:, lo:end]}
+                logits = model(input_ids=x[:, lo:end], **window, cache=kv.read()).logits[:, : hi - lo]
+                forwards, token_forwards = forwards + 1, token_forwards + B * (end - lo)
             if cfg_scale > 0:
                 uncond_x = x.clone()
                 uncond_x[:, :P][prompt_real] = mask_id
                 uncond = model(input_ids=uncond_x, **base_kwargs).logits[:, lo:hi]  # [B, L, V]
                 logits = guided_logits(logits, uncond, cfg_scale)
+                forwards, token_forwards = forwards + 1, token_forwards + B * T
             logits = logits.double()
             logits[..., suppress] = float("-inf")
             if temperature > 0:  # Gumbel-max: argmax(l / T + g) samples softmax(l / T)
@@ -206,8 +259,13 @@ def generate(
             masked = x[:, lo:hi] == mask_id  # [B, L]
             score = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
             rec = StepTrace(b, step, [], [], [], [])
+            if threshold is not None:
+                above = ((score > threshold) & masked).sum(1)  # [B]
+                counts = torch.minimum(masked.sum(1), torch.maximum(schedule[:, s], above))
+            else:
+                counts = schedule[:, s]
             for r in range(B):
-                k = int(schedule[r, s])
+                k = int(counts[r])
                 idx = torch.topk(score[r], k).indices if k else _empty_index(device)  # [k] within the block
                 x[r, lo + idx] = pred[r, idx]
                 rec.positions.append((lo + idx).tolist())
@@ -219,7 +277,8 @@ def generate(
             if callback is not None:
                 callback(rec, x)
             step += 1
-    return DiffusionOutput(sequences=x, prompt_length=P, trace=records)
+    return DiffusionOutput(sequences=x, prompt_length=P, trace=records, forwards=forwards,
+                           token_forwards=token_forwards)
 
 
 def _empty_index(device) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """A LLaDA-style masked-diffusion language model on transformers' Llama classes, and LLaDA-V loading.
 
 LLaDA is the LLaMA architecture with fully bidirectional attention (no causal mask; padding is still
-masked) and no KV cache: every denoising step is one full forward over prompt + generation slots.
+masked) and no exact KV cache: a position's keys change whenever any token changes. ``BlockKV`` is the
+approximate cache of keepsight's cached sampler (``keepsight.diffusion.generate(cache=...)``, after the ideas
+Fast-dLLM published): a full forward records the keys / values of the positions outside a query window; later
+forwards run the window only, attending to the recorded keys and their own.
 ``LladaModel`` is ``LlamaModel`` with ``is_causal = False`` on every attention module and a padding-only
 mask; ``LladaForMaskedDiffusion`` adds the untied ``lm_head`` (logits at position t predict the token
 *at* t, no shift). ``keepsight.models.register_model_types()`` (called by the loader and the tiny
@@ -74,10 +77,47 @@ class LladaConfig(LlamaConfig):
     use_cache: bool = False  # no KV cache: each denoising step re-reads the whole sequence
 
 
+class BlockKV:
+    """Keys / values of the positions outside a query window, per layer (duck-typed as transformers' ``Cache``:
+    the attention modules call ``update``).
+
+    ``record(keep, key_mask)``: the next forward is a full one over all T positions; it runs unchanged and the
+    columns ``keep [T]`` (bool) of every layer's keys / values are stored with their padding mask
+    ``key_mask [B, n_keep]``. ``read()``: later forwards run a window of Q positions; each layer attends to the
+    stored keys followed by the window's own (attention has no order, RoPE was applied when they were made).
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> [B, H_kv, n_keep, D]
+        self.values: dict[int, torch.Tensor] = {}
+        self.keep: torch.Tensor | None = None  # [T] bool
+        self.key_mask: torch.Tensor | None = None  # [B, n_keep], 1 = a real token
+        self.recording = False
+
+    def record(self, keep: torch.Tensor, key_mask: torch.Tensor) -> BlockKV:
+        self.keep, self.key_mask, self.recording = keep, key_mask, True
+        self.keys.clear()
+        self.values.clear()
+        return self
+
+    def read(self) -> BlockKV:
+        if self.keep is None:
+            raise RuntimeError("BlockKV.read() before any record(): nothing is cached")
+        self.recording = False
+        return self
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if self.recording:
+            self.keys[layer_idx] = key_states[:, :, self.keep]
+            self.values[layer_idx] = value_states[:, :, self.keep]
+            return key_states, value_states
+        return (torch.cat([self.keys[layer_idx], key_states], 2), torch.cat([self.values[layer_idx], value_states], 2))
+
+
 class LladaModel(LlamaModel):
     """``LlamaModel`` with bidirectional attention. Input ``[B, T]`` ids or ``[B, T, d]`` embeddings,
     optional ``[B, T]`` padding mask (1 = token, 0 = pad); output ``last_hidden_state [B, T, d]``.
-    ``cache``/``use_cache`` are accepted for API compatibility and ignored (always None)."""
+    ``cache`` is None (every position attends to every other) or a ``BlockKV``; ``use_cache`` is ignored."""
 
     config_class = LladaConfig
 
@@ -95,13 +135,24 @@ class LladaModel(LlamaModel):
             inputs_embeds = self.embed_tokens(input_ids)  # [B, T, d]
         if position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None]  # [1, T]
-        # padding-only mask; None when there is no padding (every query sees every key)
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, BlockKV):
+            raise TypeError(f"LLaDA takes no {type(cache).__name__}: its keys change with every token (BlockKV is the "
+                            "approximate cache of keepsight.diffusion.generate)")
+        if isinstance(cache, BlockKV) and not cache.recording:
+            B, Q = inputs_embeds.shape[:2]
+            window = attention_mask if attention_mask is not None else inputs_embeds.new_ones(B, Q, dtype=torch.long)
+            keys = torch.cat([cache.key_mask.to(window.dtype), window], 1)  # [B, n_keep + Q]
+            mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=keys,
+                                             encoder_hidden_states=inputs_embeds.new_empty(B, keys.shape[1], 1))
+        else:  # padding-only mask; None when there is no padding (every query sees every key)
+            mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds,
+                                             attention_mask=attention_mask)
         hidden = inputs_embeds
         position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)  # (cos, sin) [B|1, T, head_dim]
         for layer in self.layers[: self.config.num_hidden_layers]:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                           position_ids=position_ids, **kwargs)
+                           position_ids=position_ids, cache=cache, **kwargs)
         hidden = self.norm(hidden)
         return BaseModelOutputWithPast(last_hidden_state=hidden, cache=None)
 
@@ -128,7 +179,7 @@ class LladaForMaskedDiffusion(LlamaForCausalLM):
                 labels=None, use_cache=None, past_key_values=None, logits_to_keep=0,
                 **kwargs) -> CausalLMOutputWithPast:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, **kwargs)
+                         inputs_embeds=inputs_embeds, cache=cache if cache is not None else past_key_values, **kwargs)
         logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
         loss = None
         if labels is not None:
