@@ -21,6 +21,12 @@ def test_needle_and_scan_write_their_results(tmp_path):
     res = needle(tmp_path, kinds=("lia_mtr", "mlp"), lengths=(64,), depths=(0.0, 1.0), width=8, steps=3,
                  train_len=32, samples=4)
     assert len(res["bridges"]["lia_mtr"]["accuracy"]) == 1 and (tmp_path / "needle.png").stat().st_size > 1000
+    from keepsight.bench.needle import run_model
+
+    res = run_model(tmp_path, kinds=("lia_mtr:half_life+token", "mlp"), lengths=(32, 64), depths=(0.5,), steps=2,
+                    train_len=16, samples=4, batch=4)
+    assert set(res["bridges"]) == {"lia_mtr:half_life+token", "mlp"} and (tmp_path / "needle_model.json").is_file()
+    assert all(0 <= a <= 1 for row in res["bridges"]["mlp"]["accuracy"] for a in row)
     res = scan(tmp_path, n=300, widths=(8,), chunks=(16, 64), repeats=1)
     assert all(r["max_abs_err"] < 1e-4 for r in res["rows"]) and (tmp_path / "scan.json").is_file()
 
@@ -32,3 +38,14 @@ def test_data_bench_builds_checks_and_collates_a_fixture(tmp_path):
     assert result["rows"] == 40 and "40 rows" in result["preflight"] and "0 bad rows" in result["preflight"]
     assert result["collate_rows_per_s"] > 0 and result["build_peak_mib"] > 0
     assert (tmp_path / "data.json").is_file() and (tmp_path / "data-fixture" / "data.json").is_file()
+
+
+def test_diffusion_bench_counts_forwards_of_each_sampler(tmp_path):
+    from keepsight.bench import diffusion
+
+    res = diffusion.run(tmp_path, steps_grid=(4,), batch=1, gen_length=8, pairs=1, block_length=4)
+    rows = {r["sampler"]: r for r in res["rows"]}
+    assert set(rows) == {"plain", "prefix", "dual", "dual+threshold"}
+    assert rows["plain"]["forwards"] == 4 and rows["plain"]["flops_saving"] == 1.0
+    assert rows["prefix"]["positions"] < rows["plain"]["positions"] and rows["dual"]["flops_saving"] > 1
+    assert 0 < res["extra_flops_share"] < 0.01

@@ -81,6 +81,9 @@ BASE_RECIPE = TrainConfig(
 # query dependence ~0: pvm_report, tests/test_paper_pvm.py); normalised, the retrieval depends on the query.
 PVM_READING = PVMConfig(normalize_v="rms")
 
+# LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
+LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda_spacing": "half_life", "gate": "token"})
+
 
 @dataclass
 class DemoProfile:
@@ -122,14 +125,17 @@ PROFILES = {
     # `--profile seeds`: three base seeds, every comparison with 95% intervals (PVM arms, MLP vs LIA-MTR)
     "seeds": DemoProfile(name="seeds", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE, seeds=(0, 1, 2),
                          pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150)), bridge=BridgeExperiment()),
+    # `--profile readings`: LIA-MTR's readings (lambda spacing x gate) against the MLP on the seed-0 base (shared with
+    # the default and seeds profiles: its base and the default reading come from their caches)
+    "readings": DemoProfile(name="readings", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+                            bridge=BridgeExperiment(readings=LIA_READINGS)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move), LIA-MTR's readings (lambda spacing x
     # gate), the diffusion sweeps
     "extended": DemoProfile(
         name="extended", n_train=4000, n_eval=200, n_dilution=150,
         train=dataclasses.replace(BASE_RECIPE, preset="tiny-llava-6l"),
         pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150)),
-        bridge=BridgeExperiment(readings=({}, {"lambda_spacing": "half_life"}, {"gate": "token"},
-                                          {"lambda_spacing": "half_life", "gate": "token"})),
+        bridge=BridgeExperiment(readings=LIA_READINGS),
         diffusion=DiffusionExperiment()),
 }
 

@@ -1,9 +1,19 @@
-"""``keepsight bench diffusion``: LLaDA-style sampler latency with and without MPS + MRS, for T in
-{8, 16, 32, 64} steps, on a random mid-size LLaDA-V-shaped model (width 512, 8 layers; 64 new tokens,
-batch 8). Target: overhead at most 3%."""
+"""``keepsight bench diffusion``: the LLaDA-style sampler on a random mid-size LLaDA-V-shaped model (width 512, 8
+layers), for T in {8, 16, 32, 64} steps: plain, prefix-cached, dual-cached and dual-cached + confidence threshold,
+each with and without MPS + MRS (the papers' settings).
+
+Per (T, sampler): model forwards and positions run per answer (the FLOPs proxy: model FLOPs scale with the
+positions a forward runs), and time per answer. Each time ratio (MPS + MRS on vs off; a cached sampler vs the
+plain one) is the median of ``pairs`` interleaved A/B pairs on the same inputs (single-shot ratios swing by
+-10% .. +18% on shared cores). Beside the timings, the deterministic figure: the extra FLOPs of MPS and MRS per
+forward against the model's. Goals: MPS + MRS overhead <= 3%; the cached sampler >= 2x fewer model FLOPs per
+answer at T = 32 (its recall against the plain sampler is in the demo's diffusion section, on a trained model).
+"""
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,41 +26,94 @@ from ..world import render, world_config
 from ..world.models import PRESETS, build_llada_v
 from ..world.processor import build_processor
 from ..world.texts import DESCRIBE_PROMPT
-from . import best_time, write_result
+from . import write_result
+
+SAMPLERS = {"plain": {}, "prefix": {"cache": "prefix"}, "dual": {"cache": "dual"},
+            "dual+threshold": {"cache": "dual", "threshold": 0.9}}
+
+
+def _model_flops(model, positions: int, keys: int) -> float:
+    """Forward FLOPs of the language model for ``positions`` query positions over ``keys`` keys: 2 per weight per
+    position in the decoder's matmuls, plus the attention scores and the weighted sum (4 * d per query-key)."""
+    text = model.config.text_config
+    lm = model.model.language_model
+    weights = sum(p.numel() for n, p in lm.named_parameters() if "embed" not in n and p.dim() == 2)
+    head = model.lm_head.weight.numel()
+    return 2.0 * positions * (weights + head) + 4.0 * positions * keys * text.hidden_size * text.num_hidden_layers
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _median_ratio(a, b, pairs: int) -> tuple[float, float, float]:
+    """(median b / a, median a seconds, median b seconds) over ``pairs`` interleaved runs (a, b, a, b, ...)."""
+    ta, tb = [], []
+    for _ in range(pairs):
+        ta.append(_timed(a))
+        tb.append(_timed(b))
+    return statistics.median(y / x for x, y in zip(ta, tb)), statistics.median(ta), statistics.median(tb)
 
 
 @torch.inference_mode()
-def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int = 8, gen_length: int = 64,
-        repeats: int = 3) -> dict:
+def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int = 4, gen_length: int = 64,
+        pairs: int = 20, block_length: int = 32) -> dict:
     processor = build_processor()
     preset = replace(PRESETS["tiny-llava"], text_hidden=512, text_layers=8, text_heads=8, text_kv_heads=4,
                      text_intermediate=1536)
-    model = build_llada_v(processor, preset)
+    model = build_llada_v(processor, preset).eval()
     cfg = world_config()
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
     enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
+    P = enc["input_ids"].shape[1]
     mps = MaskPriorSuppression().fit(model, processor.tokenizer)  # the papers' settings (MPSConfig / MRSConfig)
     mrs = MonotonicRoPEScaling()
 
-    def sample(steps: int, fixes: bool) -> None:
+    def sample(steps: int, fixes: bool, **kw):
+        def go():
+            return generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=gen_length,
+                            steps=steps, block_length=block_length, **kw)
         if fixes:
             with mps.apply(model), mrs.apply(model):
-                generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=gen_length,
-                         steps=steps)
-        else:
-            generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=gen_length,
-                     steps=steps)
+                return go()
+        return go()
 
     sample(2, True)  # warm-up
     rows = []
     for steps in steps_grid:
-        plain = best_time(lambda s=steps: sample(s, False), repeats)
-        fixed = best_time(lambda s=steps: sample(s, True), repeats)
-        rows.append({"steps": steps, "plain_s": plain, "mps_mrs_s": fixed, "overhead": fixed / plain - 1})
-    print(f"{'T':>4s} {'plain s':>9s} {'MPS+MRS s':>10s} {'overhead':>9s}  (target <= 3%)")
+        for name, kw in SAMPLERS.items():
+            o = sample(steps, False, **kw)
+            fix_ratio, t_off, t_on = _median_ratio(lambda s=steps, k=kw: sample(s, False, **k),
+                                                   lambda s=steps, k=kw: sample(s, True, **k), pairs)
+            row = {"steps": steps, "sampler": name, "forwards": o.forwards, "positions": o.token_forwards / batch,
+                   "s_per_answer": t_off / batch, "s_per_answer_mps_mrs": t_on / batch,
+                   "mps_mrs_overhead": fix_ratio - 1}
+            if name != "plain":
+                speed, _, _ = _median_ratio(lambda s=steps, k=kw: sample(s, False, **k),
+                                            lambda s=steps: sample(s, False), max(3, pairs // 4))
+                row["plain_time_ratio"] = speed  # plain / this: > 1 is faster
+            rows.append(row)
+    plain = {r["steps"]: r["positions"] for r in rows if r["sampler"] == "plain"}
     for r in rows:
-        print(f"{r['steps']:>4d} {r['plain_s']:9.3f} {r['mps_mrs_s']:10.3f} {100 * r['overhead']:8.1f}%")
-    result = {"benchmark": "diffusion", "batch": batch, "gen_length": gen_length, "width": 512, "layers": 8,
-              "threads": torch.get_num_threads(), "target_overhead": 0.03, "rows": rows}
+        r["flops_saving"] = plain[r["steps"]] / r["positions"]
+    text = model.config.text_config
+    d, k, T = text.hidden_size, mps.k, P + gen_length
+    fwd = _model_flops(model, T, T)
+    extra = {"mps": 4.0 * k * d * gen_length, "mrs": 2.0 * T * (d // text.num_attention_heads) * 2}  # per forward
+    print(f"{'T':>3s} {'sampler':<15s} {'forwards':>8s} {'positions':>10s} {'FLOPs x':>8s} {'s/answer':>9s} "
+          f"{'vs plain':>9s} {'MPS+MRS':>8s}")
+    for r in rows:
+        vs = f"{r['plain_time_ratio']:.2f}x" if "plain_time_ratio" in r else "-"
+        print(f"{r['steps']:>3d} {r['sampler']:<15s} {r['forwards']:>8d} {r['positions']:>10.0f} "
+              f"{r['flops_saving']:>7.2f}x {r['s_per_answer']:>9.3f} {vs:>9s} {100 * r['mps_mrs_overhead']:>7.1f}%")
+    print(f"MPS + MRS extra FLOPs per forward: {100 * (extra['mps'] + extra['mrs']) / fwd:.4f}% of the model's "
+          f"({fwd / 1e9:.2f} GFLOPs per row); goal: time overhead <= 3%, cached >= 2x fewer FLOPs at T = 32")
+    result = {"benchmark": "diffusion", "batch": batch, "gen_length": gen_length, "block_length": block_length,
+              "prompt_length": P, "width": d, "layers": text.num_hidden_layers, "pairs": pairs,
+              "threads": torch.get_num_threads(), "target_overhead": 0.03, "rows": rows,
+              "flops_per_forward": fwd, "extra_flops_per_forward": extra,
+              "extra_flops_share": (extra["mps"] + extra["mrs"]) / fwd}
     write_result(out, "diffusion", result)
     return result

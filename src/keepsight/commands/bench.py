@@ -16,8 +16,9 @@ BENCHMARKS = {
                                            repeats=a.repeats or 9),
     "bridge-memory": lambda a: bridge_memory.run(a.out, mem_limit_gib=a.mem_limit_gib),
     "needle": lambda a: needle.run(a.out),
+    "needle-model": lambda a: needle.run_model(a.out),
     "scan": lambda a: scan.run(a.out),
-    "diffusion": lambda a: diffusion.run(a.out, repeats=a.repeats or 3),
+    "diffusion": lambda a: diffusion.run(a.out, pairs=a.repeats or 20),
     "data": lambda a: data.run(a.out, rows=a.rows, batch=a.batch or 16),
 }
 
@@ -30,7 +31,7 @@ def add_parser(sub) -> None:
                     "and 8; data: 16")
     bn.add_argument("--new-tokens", type=bounded_int(1, 4096), default=128)
     bn.add_argument("--repeats", type=bounded_int(1, 1000),
-                    help="default: 3 (probe-overhead, diffusion), 9 interleaved pairs (pvm-decode)")
+                    help="default: 3 (probe-overhead), 9 interleaved pairs (pvm-decode), 20 (diffusion)")
     bn.add_argument("--rows", type=bounded_int(1, 10_000_000), default=100_000, help="data: rows of the synthetic "
                     "LLaVA JSON")
     bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "

@@ -8,7 +8,9 @@ instance hallucination / object recall against the scene graphs, and sampler lat
 still-masked final-layer hidden states to the prior subspace per step (with / without MPS) and sweeps of
 lam, k, beta, eta, tau0 and the five schedules at one T, and where generation slots attend (key kind,
 relative distance, RoPE frequency band; ``keepsight.diffusion.RoPEAttentionProbe``) without MRS and with
-MRS at the paper's beta and a strong one.
+MRS at the paper's beta and a strong one. And the fast samplers (``samplers``: the block cache, confidence-threshold
+parallel decoding) against the plain sampler at the same block length: forwards and positions run per answer,
+time, and what they cost in recall / repetition.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class DiffusionExperiment:
         "lam": [0.05, 0.1, 0.3, 0.5, 1.0], "k": [1, 2, 3], "beta": [0.01, 0.1, 0.5, 1.0],
         "eta": [4.0, 8.0, 12.0], "tau0": [0.3, 0.6, 0.9],
         "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"]})
+    # the fast samplers, each beside the plain sampler at ``sampler_block`` (keepsight.diffusion.generate)
+    samplers: dict = field(default_factory=lambda: {
+        "plain": {}, "prefix": {"cache": "prefix"}, "dual": {"cache": "dual"},
+        "dual+threshold 0.9": {"cache": "dual", "threshold": 0.9}})
+    sampler_block: int = 16
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,12 +111,12 @@ class _Runner:
 
     @torch.no_grad()
     def run(self, steps: int, name: str = "none", mps_kw: dict | None = None, mrs_kw: dict | None = None,
-            callback=None) -> dict:
+            callback=None, sampler: dict | None = None) -> dict:
         with self.method(name, mps_kw or {}, mrs_kw or {}):
             t0 = time.perf_counter()
             out = generate(self.model, self.enc["input_ids"], self.enc["attention_mask"], self.enc["pixel_values"],
                            gen_length=self.gen_length, steps=steps, suppress_token_ids=self.suppress,
-                           generator=torch.Generator().manual_seed(0), callback=callback)
+                           generator=torch.Generator().manual_seed(0), callback=callback, **(sampler or {}))
             seconds = time.perf_counter() - t0
         texts = _decode(self.processor.tokenizer, out.generated)
         gen = out.generated.tolist()
@@ -117,7 +124,8 @@ class _Runner:
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]
         ch = chair(texts, self.samples.scenes)
         return {
-            "steps": steps, "method": name, "seconds": seconds,
+            "steps": steps, "method": name, "seconds": seconds, "forwards": out.forwards,
+            "positions_per_answer": out.token_forwards / len(texts),
             "distinct_2": distinct_n(texts, 2),
             "repetition_ratio": sum(repetition_ratio(t) for t in texts) / len(texts),
             "repeats": len(repeats),
@@ -193,6 +201,13 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
         for name in ("none", "mps", "mrs", "both", "ntk", "yarn"):
             log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {name}")
             grid.append(runner.run(steps, name, exp.mps, exp.mrs))
+    fast = []
+    n_blocks = exp.train.answer_length // exp.sampler_block
+    for steps in [t for t in exp.steps_grid if t % n_blocks == 0]:
+        for label, kw in exp.samplers.items():
+            log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {label} sampler (block {exp.sampler_block})")
+            r = runner.run(steps, sampler={"block_length": exp.sampler_block, **kw})
+            fast.append({"sampler": label, **{k: v for k, v in r.items() if k != "method"}})
     sweeps = []
     T = exp.sweep_steps
     for param, values in exp.sweeps.items():
@@ -209,6 +224,6 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
     return {
         "config": exp.to_dict(), "model_dir": str(model_dir),
         "training": {k: v for k, v in summary.items() if k != "log_history"},
-        "mask_prior_top10": runner.top10_tokens, "grid": grid, "sweeps": sweeps, "prior_cosine": cos,
+        "mask_prior_top10": runner.top10_tokens, "grid": grid, "fast": fast, "sweeps": sweeps, "prior_cosine": cos,
         "attention": attention, "paper": PAPER,
     }

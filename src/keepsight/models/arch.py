@@ -48,10 +48,8 @@ _ROWS = (
              processor_fallback="qwen_image"),
     ArchSpec("llada_v", "diffusion", "model.language_model", projector="model.multi_modal_projector"),
     ArchSpec("llada_lm", "diffusion", "model", vlm=False),
-    ArchSpec("llava_llada", "diffusion", "model.language_model", projector="model.mm_projector", loadable=False,
-             note="LLaDA-V's own llava_llada config names its vision tower by hub id only; load it with "
-                  "keepsight.models.load_llada_v(dir, config=LlavaConfig(...)) and save_pretrained it with its "
-                  "processor"),
+    # LLaDA-V as shipped (config + weights in the LLaVA repository's layout): keepsight.models.llada_official
+    ArchSpec("llava_llada", "diffusion", "model.language_model", projector="model.multi_modal_projector"),
     # plain RoPE language models: MRS and the NTK / YaRN baselines run on them; the loader refuses them
     ArchSpec("qwen3", "text", "model", vlm=False, loadable=False),
     ArchSpec("llama", "text", "model", vlm=False, loadable=False),

@@ -34,6 +34,7 @@ from transformers import (
 
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
 from .llada import load_llada_v
+from .llada_official import UNUSED_KEYS, official_config, official_processor
 from .processors import QwenImageProcessor
 from .registry import register_model_types
 from .weights import check_weights
@@ -126,6 +127,10 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
         model = load_llada_v(path, dtype=dt)
         return model.to(dev).eval(), AutoTokenizer.from_pretrained(path)
     check_weights(path)
+    if kind == "llava_llada":  # LLaDA-V as shipped: config, processor and key names from its own layout
+        config = official_config(read_config(path), path)
+        model = load_llada_v(path, config=config, drop=UNUSED_KEYS, dtype=dt)
+        return model.to(dev).eval(), official_processor(path, config)
     processor = load_processor(path, kind)
     if kind == "llada_v":
         model = load_llada_v(path, dtype=dt)

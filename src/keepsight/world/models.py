@@ -9,10 +9,13 @@ A preset's ``arch`` is the architecture table's kind (``keepsight.models.arch``)
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import (
     CLIPVisionConfig,
     LlavaConfig,
@@ -23,6 +26,8 @@ from transformers import (
     Qwen3Config,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    SiglipImageProcessorPil,
+    SiglipVisionConfig,
 )
 
 from ..atomic import atomic_save_dir
@@ -218,7 +223,66 @@ QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-V
 
 
 TINY_KIND = "tiny-model"  # keepsight's marker in a directory save_tiny_checkpoint wrote
-TINY_CHECKPOINTS = ("tiny-llava", "tiny-llava-6l", "tiny-llava-p8", "tiny-qwen3vl", "tiny-qwen25vl", "tiny-llada-v")
+TINY_CHECKPOINTS = ("tiny-llava", "tiny-llava-6l", "tiny-llava-p8", "tiny-qwen3vl", "tiny-qwen25vl", "tiny-llada-v",
+                    "tiny-llada-v-official")
+OFFICIAL_TOWER_DIR = "siglip-tower"  # where a tiny official-layout LLaDA-V keeps its tower's config
+
+
+def build_llada_v_siglip(processor, preset: str | TinyPreset = "tiny-llava", seed: int = 0):
+    """A tiny LLaDA-V-style VLM with a SigLIP tower (as LLaDA-V's), the layer before the last as its features;
+    returns (model, image processor)."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    register_model_types()
+    tok = processor.tokenizer
+    torch.manual_seed(seed)
+    vision = SiglipVisionConfig(hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 4,
+                                num_hidden_layers=p.vision_layers, num_attention_heads=p.vision_heads,
+                                image_size=p.image_size, patch_size=p.patch_size)
+    cfg = LlavaConfig(vision_config=vision.to_dict(), text_config=llada_text_config(tok, p).to_dict(),
+                      image_token_id=tok.image_token_id, projector_hidden_act="gelu",
+                      vision_feature_select_strategy="full", vision_feature_layer=-2,
+                      image_seq_length=(p.image_size // p.patch_size) ** 2, tie_word_embeddings=False)
+    images = SiglipImageProcessorPil(size={"height": p.image_size, "width": p.image_size}, image_mean=[0.5] * 3,
+                                  image_std=[0.5] * 3)
+    return LlavaForConditionalGeneration(cfg).eval(), images
+
+
+def official_llada_v_files(model, tokenizer, images, out: Path) -> None:
+    """Write ``model`` (a LLaDA-V-style LLaVA with a SigLIP tower) as the official LLaDA-V release lays a directory
+    out: ``config.json`` of model_type ``llava_llada`` (LLaMA fields + ``mm_*``), weights with the LLaVA
+    repository's names (``model.layers.*``, ``model.mm_projector.{0,2}``, ``model.vision_tower.vision_tower.*``,
+    an ``model.image_newline``), the tokenizer, and the tower's config in a subdirectory ``mm_vision_tower``
+    names (the official one names a hub id; ``keepsight.models.llada_official`` knows its sizes)."""
+    text, vision = model.config.text_config, model.config.vision_config
+    rename = ((r"^model\.language_model\.", "model."), (r"^model\.multi_modal_projector\.linear_1\.", "model.mm_projector.0."),
+              (r"^model\.multi_modal_projector\.linear_2\.", "model.mm_projector.2."),
+              (r"^model\.vision_tower\.", "model.vision_tower.vision_tower."))
+    state = {}
+    for key, value in model.state_dict().items():
+        for pattern, repl in rename:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key)
+                break
+        state[key] = value.contiguous().clone()
+    state["model.image_newline"] = torch.zeros(text.hidden_size)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = {"model_type": "llava_llada", "architectures": ["LlavaLLaDAModelLM"], "vocab_size": text.vocab_size,
+           "hidden_size": text.hidden_size, "intermediate_size": text.intermediate_size,
+           "num_hidden_layers": text.num_hidden_layers, "num_attention_heads": text.num_attention_heads,
+           "num_key_value_heads": text.num_key_value_heads, "max_position_embeddings": text.max_position_embeddings,
+           "rms_norm_eps": text.rms_norm_eps, "rope_theta": text.rope_parameters.get("rope_theta", 10000.0)
+           if getattr(text, "rope_parameters", None) else 10000.0, "hidden_act": text.hidden_act,
+           "tie_word_embeddings": False, "mm_vision_tower": OFFICIAL_TOWER_DIR, "mm_hidden_size": vision.hidden_size,
+           "mm_projector_type": "mlp2x_gelu", "mm_vision_select_layer": -2, "mm_vision_select_feature": "patch",
+           "image_aspect_ratio": "anyres_max_4", "mm_patch_merge_type": "spatial_unpad", "use_mm_proj": True}
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    tokenizer.save_pretrained(out)
+    tower = out / OFFICIAL_TOWER_DIR
+    tower.mkdir(exist_ok=True)
+    (tower / "config.json").write_text(json.dumps({**vision.to_dict(), "model_type": "siglip_vision_model"}, indent=2))
+    images.save_pretrained(tower)
+
 
 
 def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
@@ -233,6 +297,11 @@ def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
     out = Path(out_dir)
 
     def write(d: Path) -> None:
+        if preset == "tiny-llada-v-official":
+            processor = build_processor()
+            model, images = build_llada_v_siglip(processor, seed=seed)
+            official_llada_v_files(model, processor.tokenizer, images, d)
+            return
         if preset == "tiny-llada-v":
             processor = build_processor()
             build_llada_v(processor, seed=seed).save_pretrained(d)

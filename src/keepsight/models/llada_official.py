@@ -1,0 +1,139 @@
+"""LLaDA-V as shipped: the directory of the official release (``config.json`` of ``model_type = "llava_llada"``,
+the LLaVA repository's weight layout) loaded with no hand-written config.
+
+The official ``config.json`` holds the language model's LLaMA fields (``hidden_size``, ``num_hidden_layers``,
+``rope_theta``, ...) beside LLaVA's ``mm_*`` fields, and names its vision tower (``mm_vision_tower``) by hub id.
+``official_config`` builds the ``LlavaConfig`` our classes need:
+
+- text: a ``LladaConfig`` from the LLaMA fields (bidirectional, untied head; ``mask_token_id`` from the tokenizer,
+  else LLaDA's 126336);
+- vision: a ``SiglipVisionConfig`` from ``mm_vision_tower`` - a local directory's ``config.json`` when it names
+  one, else the published sizes of the SigLIP / SigLIP-2 so400m towers LLaDA-V uses (``KNOWN_TOWERS``; anything
+  else is an error naming the field);
+- projector: ``mm_projector_type = "mlp2x_gelu"`` is LLaVA's two-layer GELU projector (the only one accepted);
+- features: layer ``mm_vision_select_layer`` (LLaDA-V: -2, the second-to-last), every patch (SigLIP has no CLS).
+
+``official_processor`` builds a ``LlavaProcessor``: the directory's tokenizer (an ``<image>`` token added when it
+has none; its id must fall inside the embedding table, LLaDA's has unused rows), the tower's image processor (a
+local tower directory's ``preprocessor_config.json``, else SigLIP's at the tower's image size: resize, rescale,
+normalise to mean = std = 0.5), and LLaDA-V's chat template (LLaMA-3 headers, ``<|eot_id|>`` turn ends) when the
+tokenizer carries none. Its special ids (SPEC section E: mask 126336, ``<|startoftext|>`` 126080,
+``<|endoftext|>`` 126081 = pad, headers 126346 / 126347, ``<|eot_id|>`` 126348) come from the tokenizer.
+
+Our reading: LLaDA-V's ``image_aspect_ratio = "anyres_max_N"`` tiles a large image into crops plus a base view and
+inserts ``model.image_newline`` between rows; here every image is one view at the tower's size (LLaVA-1.5's
+layout), and ``model.image_newline`` is read and left unused. Answers on large, detailed images may differ from
+the official pipeline's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import (
+    AutoTokenizer,
+    LlavaConfig,
+    LlavaProcessor,
+    SiglipImageProcessorPil,
+    SiglipVisionConfig,
+)
+
+from .llada import LladaConfig
+
+OFFICIAL_MODEL_TYPE = "llava_llada"
+UNUSED_KEYS = (r"^model\.image_newline$",)  # read from the checkpoint, not used by the single-view reading
+LLADA_MASK_ID = 126336
+_SO400M = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+           "patch_size": 14, "image_size": 384}
+KNOWN_TOWERS = {"google/siglip2-so400m-patch14-384": _SO400M, "google/siglip-so400m-patch14-384": _SO400M}
+TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "hidden_act",
+               "attention_bias", "pad_token_id", "bos_token_id", "eos_token_id")
+
+# LLaDA-V's conversation layout (LLaMA-3 headers), written as a Jinja template for the processor
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def _tower_config(raw: dict, directory: Path) -> tuple[SiglipVisionConfig, Path | None]:
+    name = raw.get("mm_vision_tower") or raw.get("vision_tower")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{directory}/config.json names no vision tower (mm_vision_tower)")
+    local = Path(name) if Path(name).is_absolute() else directory / name
+    if (local / "config.json").is_file():
+        cfg = json.loads((local / "config.json").read_text())
+        cfg = cfg.get("vision_config", cfg)  # a full SiglipConfig, or the vision config itself
+        if cfg.get("model_type") not in (None, "siglip_vision_model", "siglip"):
+            raise ValueError(f"{local}/config.json is a {cfg.get('model_type')!r} tower; LLaDA-V's is SigLIP")
+        keep = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")}
+        return SiglipVisionConfig(**keep), local
+    if name in KNOWN_TOWERS:
+        return SiglipVisionConfig(**KNOWN_TOWERS[name]), None
+    raise ValueError(f"{directory}/config.json: mm_vision_tower {name!r} is neither a local directory with a "
+                     f"config.json nor a tower keepsight knows the sizes of ({sorted(KNOWN_TOWERS)})")
+
+
+def _tokenizer(directory: Path):
+    tok = AutoTokenizer.from_pretrained(directory)
+    if tok.convert_tokens_to_ids("<image>") in (None, tok.unk_token_id):
+        tok.add_tokens(["<image>"], special_tokens=True)  # the LLaVA repository used a placeholder id (-200) instead
+    return tok
+
+
+def official_config(raw: dict, directory: str | Path) -> LlavaConfig:
+    """The ``LlavaConfig`` (Llada text model, SigLIP tower) of an official LLaDA-V ``config.json`` (see the module
+    docstring); errors name the field that does not fit."""
+    directory = Path(directory)
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in raw]
+    if missing:
+        raise ValueError(f"{directory}/config.json lacks the language model's {missing}")
+    projector = raw.get("mm_projector_type", "mlp2x_gelu")
+    if projector != "mlp2x_gelu":
+        raise ValueError(f"{directory}/config.json: mm_projector_type {projector!r}; keepsight reads LLaDA-V's "
+                         "'mlp2x_gelu' (two linear layers with a GELU)")
+    vision, _ = _tower_config(raw, directory)
+    if raw.get("mm_hidden_size") not in (None, vision.hidden_size):
+        raise ValueError(f"{directory}/config.json: mm_hidden_size {raw['mm_hidden_size']} but the tower is "
+                         f"{vision.hidden_size} wide")
+    tok = _tokenizer(directory)
+    mask = tok.mask_token_id
+    if mask is None:
+        mask = tok.convert_tokens_to_ids("<|mdm_mask|>")
+    if mask in (None, tok.unk_token_id):
+        mask = LLADA_MASK_ID
+    text = LladaConfig(**{k: raw[k] for k in TEXT_FIELDS if raw.get(k) is not None}, mask_token_id=int(mask),
+                       tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
+    image_id = tok.convert_tokens_to_ids("<image>")
+    if not 0 <= image_id < text.vocab_size:
+        raise ValueError(f"the <image> token (id {image_id}) falls outside the {text.vocab_size}-row embedding table")
+    side = vision.image_size // vision.patch_size
+    return LlavaConfig(vision_config=vision.to_dict(), text_config=text.to_dict(), image_token_id=int(image_id),
+                       projector_hidden_act="gelu", vision_feature_select_strategy="full",
+                       vision_feature_layer=int(raw.get("mm_vision_select_layer", -2)), image_seq_length=side * side,
+                       tie_word_embeddings=False)
+
+
+def official_processor(directory: str | Path, config: LlavaConfig) -> LlavaProcessor:
+    """The processor of an official LLaDA-V directory (see the module docstring)."""
+    directory = Path(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    _, local = _tower_config(raw, directory)
+    vision = config.vision_config
+    if local is not None and (local / "preprocessor_config.json").is_file():
+        images = SiglipImageProcessorPil.from_pretrained(local)
+    elif (directory / "preprocessor_config.json").is_file():
+        images = SiglipImageProcessorPil.from_pretrained(directory)
+    else:
+        images = SiglipImageProcessorPil(size={"height": vision.image_size, "width": vision.image_size},
+                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    tok = _tokenizer(directory)
+    template = getattr(tok, "chat_template", None) or CHAT_TEMPLATE
+    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=vision.patch_size,
+                          vision_feature_select_strategy="full", num_additional_image_tokens=0,
+                          image_token="<image>", chat_template=template)

@@ -1,0 +1,79 @@
+"""LLaDA-V as shipped: a tiny directory laid out like the official release (llava_llada config with mm_* fields,
+LLaVA-repository weight names, the tower named by mm_vision_tower) loads through load_checkpoint with no
+hand-written config and gives the same logits as the same weights in transformers' own layout."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from transformers import LlavaProcessor
+
+from keepsight.data import Sample, render_prompt
+from keepsight.diffusion import generate
+from keepsight.models import checkpoint_kind, load_checkpoint
+from keepsight.models.llada_official import KNOWN_TOWERS, official_config
+from keepsight.world.models import build_llada_v_siglip
+from keepsight.world.processor import build_processor
+from tiny_checkpoints import save_tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llada-v")
+    official = save_tiny_checkpoint("tiny-llada-v-official", root / "official")
+    processor = build_processor()
+    model, images = build_llada_v_siglip(processor, seed=0)  # the same seeded weights, transformers' layout
+    hf = root / "hf"
+    model.save_pretrained(hf)
+    LlavaProcessor(image_processor=images, tokenizer=processor.tokenizer, patch_size=16,
+                   vision_feature_select_strategy="full", num_additional_image_tokens=0,
+                   chat_template=processor.chat_template).save_pretrained(hf)
+    return official, hf
+
+
+def _inputs(processor):
+    img = Image.new("RGB", (64, 64), (200, 20, 20))
+    text = render_prompt(processor, Sample.single_turn("describe the scene .", image=img))
+    return processor(text=[text], images=[img], return_tensors="pt")
+
+
+def test_official_layout_loads_and_matches_the_hf_layout(dirs):
+    official, hf = dirs
+    raw = json.loads((official / "config.json").read_text())
+    assert raw["model_type"] == "llava_llada" and raw["mm_projector_type"] == "mlp2x_gelu"
+    assert checkpoint_kind(official) == "llava_llada" and checkpoint_kind(hf) == "llada_v"
+    a, pa = load_checkpoint(official, dtype="float32", device="cpu")
+    b, pb = load_checkpoint(hf, dtype="float32", device="cpu")
+    enc = _inputs(pa)
+    assert torch.equal(enc["input_ids"], _inputs(pb)["input_ids"])
+    assert int((enc["input_ids"] == a.config.image_token_id).sum()) == 16  # every SigLIP patch, no CLS
+    with torch.no_grad():
+        torch.testing.assert_close(a(**enc).logits, b(**enc).logits, rtol=1e-5, atol=1e-5)
+    assert a.config.vision_feature_layer == -2 and a.config.text_config.mask_token_id == pa.tokenizer.mask_token_id
+    out = generate(a, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=4, steps=2)
+    assert out.generated.shape == (1, 4)
+
+
+def test_the_hub_towers_are_built_from_their_known_sizes(dirs):
+    official, _ = dirs
+    raw = json.loads((official / "config.json").read_text())
+    cfg = official_config({**raw, "mm_vision_tower": "google/siglip2-so400m-patch14-384", "mm_hidden_size": 1152},
+                          official)
+    v = cfg.vision_config
+    assert (v.hidden_size, v.num_hidden_layers, v.patch_size, v.image_size) == (1152, 27, 14, 384)
+    assert cfg.image_seq_length == 27 * 27 and KNOWN_TOWERS["google/siglip2-so400m-patch14-384"]["hidden_size"] == 1152
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mm_projector_type": "linear"}, "mm_projector_type 'linear'"),
+    ({"mm_vision_tower": "someone/unknown-tower"}, "neither a local directory"),
+    ({"mm_hidden_size": 7}, "mm_hidden_size 7 but the tower is"),
+])
+def test_official_config_errors_name_the_field(dirs, change, message):
+    official, _ = dirs
+    raw = json.loads((official / "config.json").read_text())
+    with pytest.raises(ValueError, match=message):
+        official_config({**raw, **change}, official)
