@@ -1,5 +1,6 @@
 """Mask Prior Suppression and Monotonic RoPE Scaling (plus NTK / YaRN baselines) on tiny models."""
 
+import dataclasses
 import math
 
 import pytest
@@ -292,3 +293,28 @@ def test_segment_mask_callable_matches_named_segment_and_fixes_run_inside_the_sa
         out = generate(vlm, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=4, steps=2)
     assert out.generated.shape == (1, 4) and not (out.generated == tok.mask_token_id).any()
     assert not vlm._forward_pre_hooks and not decoder_stack(vlm).rotary_emb._forward_hooks
+
+
+def test_with_k_below_the_rank_only_the_top_k_principal_directions_are_removed(processor):
+    """An 8-layer LLaDA: the centred layer states have rank 7, so k = 2 is a real choice; checked against numpy."""
+    import numpy as np
+
+    from keepsight.world.models import build_llada_lm, get_preset
+
+    deep = build_llada_lm(processor.tokenizer, dataclasses.replace(get_preset("tiny-llava"), text_layers=8))
+    tok = processor.tokenizer
+    mps = MaskPriorSuppression(k=2, lam=1.0).fit(deep, tok)
+    emb = deep.model.embed_tokens.weight.detach()
+    ids = real_vocab_ids(tok, emb.shape[0])
+    assert torch.equal(mps.prior_tokens, ids)  # vocab_mean: every ordinary token, nothing else
+    states = _layer_outputs_by_hand(deep, emb[ids].mean(0)).double().numpy()  # [8, d]
+    centred = states - states.mean(0)
+    assert np.linalg.matrix_rank(centred) == 7
+    _, sv, vt = np.linalg.svd(centred, full_matrices=False)
+    assert sv[1] > sv[2] * 1.0001  # the top-2 subspace is well defined
+    top2, third = vt[:2].T, vt[2]
+    np.testing.assert_allclose(mps.U.double().numpy() @ mps.U.double().numpy().T, top2 @ top2.T, atol=1e-4)
+    h = torch.tensor(states[-1], dtype=torch.float32)[None, None]  # a hidden state with parts on every direction
+    out = mps.suppress(h, torch.ones(1, 1, dtype=torch.bool))[0, 0].double().numpy()
+    np.testing.assert_allclose(out @ top2, 0.0, atol=1e-3)  # lam = 1: the top-2 components are gone
+    np.testing.assert_allclose(out @ third, states[-1] @ third, rtol=1e-4, atol=1e-4)  # the third is untouched
