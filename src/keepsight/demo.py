@@ -129,6 +129,18 @@ PROFILES = {
     # the default and seeds profiles: its base and the default reading come from their caches)
     "readings": DemoProfile(name="readings", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                             bridge=BridgeExperiment(readings=LIA_READINGS)),
+    # `--profile diffusion`: the regime where parallel decoding repeats (varied descriptions: many right answers per
+    # scene) on an 8-layer LLaDA-V (MPS's k = 3 a real choice), every MPS / MRS setting the papers ablate, the fast
+    # samplers; the seed-0 base is shared with the other profiles (its vision tower is the VLM's)
+    "diffusion": DemoProfile(name="diffusion", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+                             diffusion=DiffusionExperiment(
+                                 tasks=("describe_varied",), text_layers=8, steps_grid=(4, 8, 16, 32, 64),
+                                 sweeps={"lam": [0.05, 0.1, 0.3, 0.5, 1.0], "k": [1, 2, 3, 5],
+                                         "prior": ["vocab_mean", "topk", "random"], "center": [False, True],
+                                         "layers": ["final", [-2], [-3, -1]], "beta": [0.01, 0.1, 0.5, 1.0],
+                                         "frequency_beta": [0.01, 0.1, 0.5, 1.0], "eta": [4.0, 8.0, 12.0],
+                                         "tau0": [0.3, 0.6, 0.9],
+                                         "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"]})),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move), LIA-MTR's readings (lambda spacing x
     # gate), the diffusion sweeps
     "extended": DemoProfile(

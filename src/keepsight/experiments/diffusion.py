@@ -58,6 +58,8 @@ class DiffusionExperiment:
     sweep_steps: int = 8  # T for the sweeps and the attention analysis
     attention_betas: tuple[float, ...] = (0.01, 1.0)  # MRS betas in the attention analysis (beside no MRS)
     tasks: tuple[str, ...] = ("describe",)  # training items (VLMDataset tasks); the analyses use descriptions
+    # ("describe_varied": many right answers per scene, the regime where parallel decoding repeats)
+    text_layers: int | None = None  # the diffusion LM's depth (None: the base preset's; MPS's k = 3 needs > 4)
     describe_repeats: int = 1  # repeats of each description among the training items
     mps: dict = field(default_factory=MPSConfig.paper_defaults)
     mrs: dict = field(default_factory=MRSConfig.paper_defaults)
@@ -74,6 +76,13 @@ class DiffusionExperiment:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def varied(self) -> bool:
+        return "describe_varied" in self.tasks
+
+
+MPS_SWEEP = ("lam", "k", "prior", "center", "layers")  # sweep parameters that set MPS (the rest set MRS)
+
 
 def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
     """Generated ids [B, G] -> texts, each cut at its first end-of-sequence token."""
@@ -86,8 +95,9 @@ def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
 
 
 class _Runner:
-    def __init__(self, model, processor, samples: WorldSamples, gen_length: int):
+    def __init__(self, model, processor, samples: WorldSamples, gen_length: int, varied: bool = False):
         self.model, self.processor, self.samples, self.gen_length = model, processor, samples, gen_length
+        self.varied = varied  # descriptions read with the varied phrasings
         tok = processor.tokenizer
         enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * len(samples), images=samples.images,
                         return_tensors="pt", padding=True)
@@ -122,7 +132,7 @@ class _Runner:
         gen = out.generated.tolist()
         eos = self.processor.tokenizer.eos_token_id
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]
-        ch = chair(texts, self.samples.scenes)
+        ch = chair(texts, self.samples.scenes, varied=self.varied)
         return {
             "steps": steps, "method": name, "seconds": seconds, "forwards": out.forwards,
             "positions_per_answer": out.token_forwards / len(texts),
@@ -188,14 +198,16 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
     # training_code 2: batches after the first epoch no longer follow the global RNG (which the masking
     # objective advances), so the same configuration trains a different model than keepsight <= 0.1 did
     spec = {**asdict(exp.train), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
+    if exp.text_layers is not None:
+        spec["text_layers"] = exp.text_layers
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({exp.train.steps} steps) -> {model_dir}")
     data = VLMDataset(train, exp.tasks, exp.train.seed, describe_repeats=exp.describe_repeats)
-    summary = train_diffusion(lambda: llada_v_init(base_dir, exp.train.seed), data, model_dir, exp.train,
-                              progress=False, source=str(base_dir))
+    summary = train_diffusion(lambda: llada_v_init(base_dir, exp.train.seed, exp.text_layers), data, model_dir,
+                              exp.train, progress=False, source=str(base_dir))
     model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
-    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length)
+    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length, exp.varied)
     grid = []
     for steps in exp.steps_grid:
         for name in ("none", "mps", "mrs", "both", "ntk", "yarn"):
@@ -212,8 +224,10 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
     T = exp.sweep_steps
     for param, values in exp.sweeps.items():
         for v in values:
-            if param in ("lam", "k"):
+            if param in MPS_SWEEP:
                 r = runner.run(T, "mps", {**exp.mps, param: v})
+            elif param == "frequency_beta":  # MRS in frequency mode (inv_freq / g_i) at each beta
+                r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, "mode": "frequency", "beta": v})
             else:
                 r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, param: v})
             sweeps.append({"param": param, "value": v, **{k: r[k] for k in r if k != "example"}})

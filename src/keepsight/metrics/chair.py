@@ -30,8 +30,9 @@ def _safe(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def chair(descriptions: Sequence[str], scenes: Sequence) -> dict:
-    """Hallucination metrics of ``descriptions[i]`` against ``scenes[i]`` (``Scene`` or its dict)."""
+def chair(descriptions: Sequence[str], scenes: Sequence, varied: bool = False) -> dict:
+    """Hallucination metrics of ``descriptions[i]`` against ``scenes[i]`` (``Scene`` or its dict). ``varied``: read
+    the varied phrasings too (an unstated size is not an error; exact recall needs every attribute stated)."""
     if len(descriptions) != len(scenes):
         raise ValueError(f"{len(descriptions)} descriptions but {len(scenes)} scenes")
     mentions = halluc_cat = sentences_halluc = covered_cat = true_cat = 0
@@ -41,7 +42,7 @@ def chair(descriptions: Sequence[str], scenes: Sequence) -> dict:
         sc = _scene_dict(scene)
         by_cell = {(o["row"], o["col"]): o for o in sc["objects"]}
         true_shapes = {o["shape"] for o in sc["objects"]}
-        parsed = parse_description(text).objects
+        parsed = parse_description(text, varied).objects
         mentions += len(parsed)
         bad = [m for m in parsed if m.shape not in true_shapes]
         halluc_cat += len(bad)
@@ -59,7 +60,7 @@ def chair(descriptions: Sequence[str], scenes: Sequence) -> dict:
             if o is None:
                 halluc_inst += 1
                 continue
-            wrong = [a for a in ATTRIBUTES if getattr(m, a) != o[a]]
+            wrong = [a for a in ATTRIBUTES if getattr(m, a) is not None and getattr(m, a) != o[a]]
             for a in wrong:
                 attr_errors[a] += 1
             attr_err_mentions += bool(wrong)

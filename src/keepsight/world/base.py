@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -386,15 +386,19 @@ def backbone_init(base_dir: str | os.PathLike, seed: int):
     return assemble_from_stages(base_dir, preset, processor.tokenizer, seed), processor
 
 
-def llada_v_init(base_dir: str | os.PathLike, seed: int = 0):
+def llada_v_init(base_dir: str | os.PathLike, seed: int = 0, text_layers: int | None = None):
     """``(model, processor)``: a tiny LLaDA-V-style VLM whose vision tower is the base's pretrained one (stage
-    ``vision``), for masked-diffusion training (``keepsight.train.diffusion``)."""
+    ``vision``), for masked-diffusion training (``keepsight.train.diffusion``); ``text_layers``: a deeper (or
+    shallower) language model than the base preset's."""
     base_dir = Path(base_dir)
     tower_dir = _stage_dirs(base_dir, "vision")[0]
     if not (tower_dir / "config.json").is_file():
         raise FileNotFoundError(f"{base_dir} has no finished vision stage ({tower_dir}); train the base first")
     tc = read_train_config(base_dir)
-    processor = preset_processor(get_preset(tc.preset))
-    model = build_llada_v(processor, tc.preset, seed=seed)
+    preset = get_preset(tc.preset)
+    processor = preset_processor(preset)
+    if text_layers is not None:
+        preset = replace(preset, text_layers=text_layers)
+    model = build_llada_v(processor, preset, seed=seed)
     model.model.vision_tower.load_state_dict(CLIPVisionModel.from_pretrained(tower_dir).state_dict())
     return model, processor

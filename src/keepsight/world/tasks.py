@@ -23,6 +23,7 @@ from .texts import (
     cell_questions,
     description,
     open_questions,
+    varied_description,
     yes_no_questions,
 )
 
@@ -140,11 +141,12 @@ class VLMDataset(torch.utils.data.Dataset):
     """``Sample``s about the scenes' images. ``mix`` picks which tasks each scene contributes: "describe",
     "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories drawn per scene),
     "open" (one), "cells" (four "what is at b3 ?" grounding questions), "chat" (one conversation of 2 ..
-    ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``).
+    ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``),
+    "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
-    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat")
+    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
@@ -185,6 +187,9 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.chats[len(self.items)] = turns
                 self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
                 self.categories.append("chat")
+            if "describe_varied" in mix:
+                self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(describe_repeats)]
+                self.categories += ["describe_varied"] * describe_repeats
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 

@@ -36,6 +36,31 @@ def description(scene: Scene) -> str:
     return " ".join(parts)
 
 
+# The varied descriptions (the diffusion regime): one scene, many right answers. Templates use only the words of
+# ``scene_vocabulary`` (the tokenizer is shared by every world).
+VARIED_HEADERS = ("this is a {scene} scene .", "a {scene} scene .", "the image is a {scene} scene .",
+                  "in the image is a {scene} scene .")
+VARIED_COUNTS = ("there are {n} objects .", "there are {n} objects in the image .", "{n} objects .", "")
+VARIED_OBJECTS = ("at {cell} a {attrs} .", "a {attrs} at {cell} .", "at {cell} there is a {attrs} .",
+                  "{cell} : a {attrs} .")
+
+
+def varied_description(scene: Scene, rng: np.random.Generator) -> str:
+    """A description with real variety (``rng`` picks): one of four headers, the count in one of three forms or
+    left out, the objects in a random order, each in one of four phrasings with its size stated half the time.
+    ``parse_description(text, varied=True)`` reads every form back."""
+    n = len(scene.objects)
+    parts = [_pick(rng, VARIED_HEADERS).format(scene=scene.scene)]
+    count = _pick(rng, VARIED_COUNTS)
+    if count:
+        parts.append("there is one object ." if n == 1 else count.format(n=number_word(n)))
+    for k in rng.permutation(n):
+        o = scene.objects[int(k)]
+        attrs = f"{o.size} {o.colour} {o.shape}" if rng.random() < 0.5 else f"{o.colour} {o.shape}"
+        parts.append(_pick(rng, VARIED_OBJECTS).format(cell=place(o.row, o.col), attrs=attrs))
+    return " ".join(parts)
+
+
 def caption(scene: Scene) -> str:
     n = len(scene.objects)
     noun = "object" if n == 1 else "objects"
