@@ -1,0 +1,189 @@
+"""PAI (Liu et al. 2024, "Paying More Attention to Image: A Training-Free Method for Alleviating Hallucination in
+LVLMs"), written from the paper's equations.
+
+1. Image attention amplified: in the chosen decoder layers, the attention logits of the generating position (the
+   last query) on the image tokens become ``a + alpha * |a|`` before the softmax (paper: alpha = 0.5, every layer
+   from the third on, for LLaVA-1.5).
+2. Image-centric logit refinement: the next-token logits move away from a text-only stream's (the same prompt with
+   its image tokens removed): ``(1 + gamma) * l(y | v, x) - gamma * l(y | x)``. The paper writes it
+   ``gamma' * l(y | v, x) - (gamma' - 1) * l(y | x)`` with gamma' = 1.1; ours is gamma = gamma' - 1 = 0.1, so that
+   gamma = 0 is the plain model. The paper's plausibility cut is ``beta`` (0 by default here: off).
+
+Which queries are amplified (``rows``): "generated" (default, the paper's code): the last query of every forward -
+the prompt's last position at the prefill, then each new token - so a cached generation's keys carry the
+amplification of the step that made them, and a full forward over the same tokens differs; "after_image": every
+query after the image's last token, a fixed function of the sequence (a cached generation equals a full forward).
+
+The amplification runs as an attention function registered with transformers' ``AttentionInterface`` (as the
+attention probe does), set on the language model's config inside ``apply`` only; the text-only stream keeps its
+own KV cache. ``alpha = 0`` and ``gamma = 0`` give the plain model's generations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from ..models.arch import arch_info
+from .base import Baseline, layer_range, number, plausibility_cut
+
+PAI_ATTENTION = "keepsight_pai"
+_ACTIVE: list[PAI] = []
+
+
+@dataclass
+class PAIConfig:
+    alpha: float = 0.5  # image attention amplification (paper: 0.5 for LLaVA-1.5)
+    gamma: float = 0.1  # text-only subtraction (the paper's gamma = 1.1, see the module docstring)
+    layers: list[int] | None = None  # decoder layers amplified (None: every layer from index 2 on, as the paper)
+    beta: float = 0.0  # plausibility cut on the refined logits (0: off)
+    drop_token_ids: list[int] = field(default_factory=list)  # more ids to drop from the text-only prompt
+    rows: str = "generated"  # amplified queries: "generated" (the paper's code) | "after_image"
+
+    def __post_init__(self) -> None:
+        if self.rows not in ("generated", "after_image"):
+            raise ValueError(f"rows must be 'generated' or 'after_image', got {self.rows!r}")
+        self.alpha = number("alpha", self.alpha, low=0.0)
+        self.gamma = number("gamma", self.gamma, low=0.0)
+        self.beta = number("beta", self.beta, low=0.0, high=1.0)
+
+
+def _pai_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    pai = _ACTIVE[-1] if _ACTIVE else None
+    layer = getattr(module, "layer_idx", None)
+    if pai is None or pai.text_stream or layer not in pai.layers or pai.config.alpha == 0 or pai.visual is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # query [B, H, Tq, D], key / value [B, Hkv, Tk, D]
+    b, h, tq, d = query.shape
+    rep = h // key.shape[1]
+    k = key.repeat_interleave(rep, dim=1)
+    v = value.repeat_interleave(rep, dim=1)
+    scale = scaling if scaling is not None else d ** -0.5
+    scores = (query @ k.transpose(-1, -2)).float() * scale  # [B, H, Tq, Tk]
+    visual = pai.visual[:, None, :].to(scores.device)  # [B, 1, Tk]
+    if visual.shape[-1] != scores.shape[-1]:
+        raise RuntimeError(f"layer {layer}: {scores.shape[-1]} keys but {visual.shape[-1]} tracked tokens")
+    if pai.config.rows == "generated":
+        last = scores[:, :, -1]  # [B, H, Tk]: the generating position
+        scores[:, :, -1] = torch.where(visual, last + pai.config.alpha * last.abs(), last)
+    else:  # every query after the image: positions tk - tq .. tk - 1 against the last image column
+        cols = torch.arange(scores.shape[-1], device=scores.device)
+        last_image = torch.where(pai.visual.to(scores.device), cols, -1).max(-1).values  # [B]
+        q_pos = cols[scores.shape[-1] - tq:]  # [Tq]
+        rows = (q_pos[None] > last_image[:, None])[:, None, :, None]  # [B, 1, Tq, 1]
+        scores = torch.where(rows & visual[:, :, None, :], scores + pai.config.alpha * scores.abs(), scores)
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : scores.shape[-1]].float()
+    elif tq > 1:  # no mask given: causal over the new queries
+        tk = scores.shape[-1]
+        causal = torch.ones(tq, tk, dtype=torch.bool, device=scores.device).tril(tk - tq)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    weights = scores.softmax(-1).to(query.dtype)
+    out = (weights @ v).transpose(1, 2).contiguous()  # [B, Tq, H, D]
+    return out, weights
+
+
+def _register() -> None:
+    AttentionInterface.register(PAI_ATTENTION, _pai_attention)
+    AttentionMaskInterface.register(PAI_ATTENTION, eager_mask)
+
+
+class PAI(Baseline):
+    name = "pai"
+
+    def __init__(self, config: PAIConfig | None = None, **settings):
+        super().__init__(config or PAIConfig(**settings))
+        self.layers: set[int] = set()
+        self.visual: torch.Tensor | None = None  # [B, T] image-token keys of the main stream
+        self.text_stream = False
+        self._text: dict = {}
+
+    def _install(self, model, stack) -> None:
+        info = arch_info(model)
+        n = len(info.layers)
+        self.layers = set(layer_range("layers", self.config.layers if self.config.layers is not None
+                                      else range(min(2, n - 1), n), n))
+        drop = {info.image_token_id, *self.config.drop_token_ids}
+        for name in ("vision_start_token_id", "vision_end_token_id"):  # Qwen-VL's markers around each image
+            value = getattr(model.config, name, None)
+            if isinstance(value, int):
+                drop.add(value)
+        self._drop = torch.tensor(sorted(drop))
+        if self.config.alpha > 0:
+            _register()
+            cfg = info.language_model.config
+            saved = cfg._attn_implementation
+            cfg._attn_implementation = PAI_ATTENTION
+            stack.callback(setattr, cfg, "_attn_implementation", saved)
+            _ACTIVE.append(self)
+            stack.callback(_ACTIVE.remove, self)
+
+            def track(module, args, kwargs):
+                if self.text_stream:
+                    return
+                ids = kwargs.get("input_ids", args[0] if args else None)
+                if ids is None:
+                    raise ValueError("PAI needs input_ids (to find the image tokens), got inputs_embeds")
+                cache = kwargs.get("cache", kwargs.get("past_key_values"))
+                visual = ids == info.image_token_id
+                if self.config.gamma == 0 and self.config.beta == 0:  # no logits hook counts the forwards
+                    self._stats.forwards += 1
+                    self._stats.acted += 1
+                    self._stats.rows += ids.shape[0]
+                new = cache is None or cache.get_seq_length() == 0 or self.visual is None
+                self.visual = visual if new else torch.cat([self.visual, visual.to(self.visual.device)], 1)
+
+            handle = model.register_forward_pre_hook(track, with_kwargs=True)
+            stack.callback(handle.remove)
+        if self.config.gamma > 0 or self.config.beta > 0:
+            self._logits_hook(model, stack, lambda kw, logits, prefill: self._refine(model, kw, logits, prefill),
+                              skip=lambda: self.text_stream)
+
+    def _text_only(self, model, kwargs, prefill: bool) -> torch.Tensor:
+        """The text-only stream's next-token logits [B, V] for this step (its own cache and positions)."""
+        ids = kwargs["input_ids"]
+        am = kwargs.get("attention_mask")
+        am = torch.ones_like(ids) if am is None else am
+        if prefill:
+            keep = ~torch.isin(ids, self._drop.to(ids.device)) & am.bool()  # [B, T]
+            rows = [ids[r][keep[r]] for r in range(ids.shape[0])]
+            width = max(len(r) for r in rows)
+            pad = model.config.get_text_config().pad_token_id or 0
+            new_ids = ids.new_full((len(rows), width), pad)
+            new_am = torch.zeros_like(new_ids)
+            for r, row in enumerate(rows):  # left padding, as generation uses
+                new_ids[r, width - len(row):], new_am[r, width - len(row):] = row, 1
+            self._text = {"am": new_am, "cache": DynamicCache(config=model.config)}
+            step_ids = new_ids
+        else:
+            self._text["am"] = torch.cat([self._text["am"], torch.ones_like(ids)], 1)
+            step_ids = ids
+        am_t = self._text["am"]
+        pos = (am_t.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+        holder = getattr(model, "model", None)
+        saved = getattr(holder, "rope_deltas", None)
+        self.text_stream = True
+        try:
+            out = model(input_ids=step_ids, attention_mask=am_t, position_ids=pos, cache=self._text["cache"],
+                        use_cache=True)
+        finally:
+            self.text_stream = False
+            if holder is not None and hasattr(holder, "rope_deltas"):
+                holder.rope_deltas = saved
+        return out.logits[:, -1]
+
+    def _refine(self, model, kwargs, logits: torch.Tensor, prefill: bool) -> torch.Tensor:
+        g = self.config.gamma
+        last = logits[:, -1]
+        refined = last
+        if g > 0:
+            refined = (1 + g) * last - g * self._text_only(model, kwargs, prefill).to(last.dtype)
+        refined = plausibility_cut(refined, last, self.config.beta)
+        out = logits.clone()
+        out[:, -1] = refined
+        return out

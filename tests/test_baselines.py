@@ -1,0 +1,313 @@
+"""The training-free baselines (VCD, PAI, MemVR, DeCo) on tiny LLaVA and Qwen3-VL checkpoints: identity at zero
+strength, each method's logits against a reference computed here from its formula (with a KV cache and without),
+greedy and sampling, padded batches against single rows, clean removal, and bad input."""
+
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from keepsight.baselines import DeCo, MemVR, build_baseline, distort
+from keepsight.baselines.deco import default_layers
+from keepsight.baselines.vcd import alpha_bar
+from keepsight.data import Sample, padding_side, render_prompt
+from keepsight.models import load_checkpoint
+from keepsight.models.arch import arch_info
+from tiny_checkpoints import save_tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PRESETS = ["tiny-llava", "tiny-qwen3vl"]
+ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0}, "memvr": {"threshold": 2.0},
+        "deco": {"alpha": 0.0}}
+STRONG = {"vcd": {"alpha": 1.0, "beta": 0.1}, "pai": {"alpha": 0.5, "gamma": 0.5}, "memvr": {"threshold": 0.0,
+                                                                                             "alpha": 1.0},
+          "deco": {"alpha": 0.6}}
+NEW = 4
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def setup(request, tmp_path_factory):
+    model, processor = load_checkpoint(save_tiny_checkpoint(request.param, tmp_path_factory.mktemp("b") / "m"),
+                                       dtype="float32", device="cpu")
+    imgs = [Image.new("RGB", (64, 64), (200, 20, 20)), Image.new("RGB", (64, 64), (20, 90, 200))]
+    texts = [render_prompt(processor, Sample.single_turn(q, image=im))
+             for q, im in zip(["describe the scene .", "is there a red circle at b2 ?"], imgs)]
+    with padding_side(processor.tokenizer, "left"):
+        batch = processor(text=texts, images=imgs, return_tensors="pt", padding=True)
+    rows = [processor(text=[t], images=[im], return_tensors="pt") for t, im in zip(texts, imgs)]
+    return model, processor, batch, rows
+
+
+def _gen(model, processor, enc, **kw):
+    return model.generate(**enc, max_new_tokens=NEW, pad_token_id=processor.tokenizer.pad_token_id,
+                          return_dict_in_generate=True, output_logits=True, **{"do_sample": False, **kw})
+
+
+@pytest.mark.parametrize("name", list(ZERO))
+def test_zero_strength_is_the_plain_model_greedy_and_sampling(setup, name):
+    model, processor, batch, _ = setup
+    plain = _gen(model, processor, batch).sequences
+    torch.manual_seed(3)
+    sampled = _gen(model, processor, batch, do_sample=True, temperature=1.0).sequences
+    method = build_baseline(name, **ZERO[name])
+    with method.apply(model):
+        assert torch.equal(_gen(model, processor, batch).sequences, plain)
+        torch.manual_seed(3)
+        assert torch.equal(_gen(model, processor, batch, do_sample=True, temperature=1.0).sequences, sampled)
+    assert method.stats()["changed_argmax"] == 0
+
+
+def _prefix_inputs(batch, seq, t):
+    """The batch's inputs with the first ``t`` generated tokens appended (a full forward, no cache)."""
+    P = batch["input_ids"].shape[1]
+    enc = dict(batch)
+    enc["input_ids"] = seq[:, : P + t]
+    enc["attention_mask"] = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], t, dtype=torch.long)], 1)
+    if "mm_token_type_ids" in batch:
+        enc["mm_token_type_ids"] = torch.cat([batch["mm_token_type_ids"], torch.zeros(seq.shape[0], t,
+                                                                                      dtype=torch.long)], 1)
+    return enc
+
+
+def _plain_last(model, enc):
+    with torch.no_grad():
+        return model(**enc, use_cache=False).logits[:, -1]
+
+
+def _check_steps(model, processor, batch, method, reference):
+    """Cached generation under ``method`` vs ``reference(prefix inputs) -> [B, V]`` at every step (1e-4)."""
+    with method.apply(model):
+        out = _gen(model, processor, batch)
+        with torch.no_grad():
+            full = model(**_prefix_inputs(batch, out.sequences, 0), use_cache=False).logits[:, -1]
+    for t, step in enumerate(out.logits):
+        ref = reference(_prefix_inputs(batch, out.sequences, t))
+        fin = torch.isfinite(ref)
+        assert torch.equal(fin, torch.isfinite(step))
+        torch.testing.assert_close(step[fin], ref[fin], rtol=1e-4, atol=1e-4)
+        if t == 0:  # a full forward under the method equals the cached prefill
+            torch.testing.assert_close(full[fin], ref[fin], rtol=1e-4, atol=1e-4)
+    assert method.stats()["forwards"] >= NEW
+
+
+def test_vcd_equals_two_plain_forwards_combined(setup):
+    model, processor, batch, _ = setup
+    alpha, beta = 1.0, 0.1
+    grid = batch.get("image_grid_thw")
+    noisy = distort(batch["pixel_values"], 500, 0, grid)
+
+    def reference(enc):
+        a = _plain_last(model, enc)
+        b = _plain_last(model, {**enc, "pixel_values": noisy})
+        out = (1 + alpha) * a - alpha * b
+        p = a.softmax(-1)
+        return out.masked_fill(p < beta * p.max(-1, keepdim=True).values, float("-inf"))
+
+    _check_steps(model, processor, batch, build_baseline("vcd", alpha=alpha, beta=beta), reference)
+    ab = math.prod(1 - (1e-4 + (0.02 - 1e-4) * s / 999) for s in range(501))
+    assert alpha_bar(500) == pytest.approx(ab, rel=1e-9)  # the linear schedule's alpha-bar at step 500
+    assert not torch.equal(noisy, batch["pixel_values"])
+
+
+def _text_only(processor, model, enc):
+    """The same rows without their image (and Qwen's vision markers), left-padded again."""
+    info = arch_info(model)
+    drop = {info.image_token_id} | {getattr(model.config, k) for k in ("vision_start_token_id", "vision_end_token_id")
+                                    if isinstance(getattr(model.config, k, None), int)}
+    rows = [ids[(m.bool()) & ~torch.isin(ids, torch.tensor(sorted(drop)))]
+            for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), processor.tokenizer.pad_token_id)
+    am = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], am[i, width - len(r):] = r, 1
+    return {"input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(-1) - 1).clamp(min=0)}
+
+
+def test_pai_text_only_subtraction_equals_two_plain_forwards(setup):
+    model, processor, batch, _ = setup
+    gamma = 0.5
+
+    def reference(enc):
+        a = _plain_last(model, enc)
+        b = _plain_last(model, _text_only(processor, model, enc))
+        return (1 + gamma) * a - gamma * b
+
+    _check_steps(model, processor, batch, build_baseline("pai", alpha=0.0, gamma=gamma), reference)
+
+
+def test_pai_amplification_cached_equals_full_and_moves_attention_to_the_image(setup):
+    model, processor, batch, _ = setup
+    pai = build_baseline("pai", alpha=0.5, gamma=0.0, rows="after_image")
+
+    def reference(enc):
+        with pai.apply(model):
+            return _plain_last(model, enc)
+
+    _check_steps(model, processor, batch, build_baseline("pai", alpha=0.5, gamma=0.0, rows="after_image"), reference)
+    # the paper's rows: the prefill's last query only, so the first step equals a full forward over the prompt
+    paper = build_baseline("pai", alpha=0.5, gamma=0.0)
+    with paper.apply(model):
+        first = _gen(model, processor, batch).logits[0]
+        torch.testing.assert_close(first, _plain_last(model, dict(batch)), rtol=1e-4, atol=1e-4)
+    from keepsight.probes import VisualAttentionProbe
+
+    with VisualAttentionProbe(model) as probe, torch.no_grad():
+        model(**batch)
+    base = probe.omega_v()[0, 2:].mean()
+    with torch.no_grad():
+        plain = _plain_last(model, dict(batch))
+        with pai.apply(model):
+            amplified = _plain_last(model, dict(batch))
+    assert not torch.allclose(plain, amplified) and float(base) > 0  # the image attention was changed
+
+
+def test_deco_equals_the_formula_on_hidden_states(setup):
+    model, processor, batch, _ = setup
+    info = arch_info(model)
+    deco = DeCo(alpha=0.6, top_k=5, top_p=0.9)
+    n = len(info.layers)
+
+    def reference(enc):
+        with torch.no_grad():
+            out = model(**enc, use_cache=False, output_hidden_states=True)
+        final = out.logits[:, -1]
+        probs = final.softmax(-1)
+        top, idx = probs.topk(5, -1)
+        keep = (top.cumsum(-1) - top) < 0.9
+        keep[:, 0] = True
+        cand = torch.zeros_like(final, dtype=torch.bool).scatter(-1, idx, keep)
+        rows = []
+        for r in range(final.shape[0]):
+            best, best_c = None, -1.0
+            for i in deco.layers:
+                early = info.lm_head(info.final_norm(out.hidden_states[i + 1][r, -1]))
+                c = float(early.detach().softmax(-1)[cand[r]].max())
+                if c > best_c:
+                    best, best_c = early, c
+            rows.append((final[r] + 0.6 * best_c * best).masked_fill(~cand[r], float("-inf")))
+        return torch.stack(rows)
+
+    with deco.apply(model):  # sets deco.layers
+        pass
+    assert deco.layers == default_layers(n) == list(range(int(0.625 * n), min(n - 1, int(0.875 * n)) + 1))
+    assert default_layers(32) == list(range(20, 29))  # the paper's 20 .. 28 of LLaVA-1.5
+    _check_steps(model, processor, batch, DeCo(alpha=0.6, top_k=5, top_p=0.9), reference)
+
+
+def test_memvr_equals_the_ffn_memory_by_hand(setup):
+    model, processor, batch, _ = setup
+    info = arch_info(model)
+    inject, alpha = len(info.layers) // 2, 1.0
+    captured = {}
+
+    def grab(module, args, kwargs):
+        captured["embeds"] = kwargs["inputs_embeds"].detach()
+
+    h = info.language_model.register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        model(**batch, use_cache=False)
+    h.remove()
+    visual = batch["input_ids"] == info.image_token_id
+    Z = captured["embeds"][visual].view(visual.shape[0], -1, captured["embeds"].shape[-1])  # [B, Nv, d]
+
+    def reference(enc):
+        ids = enc["input_ids"]
+        is_img = (ids == info.image_token_id).long()
+        after = (is_img.flip(-1).cumsum(-1).flip(-1) == 0)  # every position after the last image token
+
+        def add(module, args, output):
+            x = args[0]  # [B, T, d]
+            w = torch.softmax((x @ Z.transpose(1, 2)) / math.sqrt(x.shape[-1]), -1)
+            return torch.where(after[..., None], output + alpha * (w @ Z), output)
+
+        handle = info.ffn(inject).register_forward_hook(add)
+        try:
+            return _plain_last(model, enc)
+        finally:
+            handle.remove()
+
+    method = MemVR(alpha=alpha, threshold=0.0, rows="after_image")
+    _check_steps(model, processor, batch, method, reference)
+    assert method.stats()["triggered"] > 0  # threshold 0: every position after the image retraced
+    paper = MemVR(alpha=alpha, threshold=0.0)  # the default rows: the prefill's last position, then each new token
+    with paper.apply(model):
+        first = _gen(model, processor, batch).logits[0]
+    ids = batch["input_ids"]
+    last_only = torch.zeros_like(ids, dtype=torch.bool)
+    last_only[:, -1] = True
+
+    def add_last(module, args, output):
+        x = args[0]
+        w = torch.softmax((x @ Z.transpose(1, 2)) / math.sqrt(x.shape[-1]), -1)
+        return torch.where(last_only[..., None], output + alpha * (w @ Z), output)
+
+    handle = info.ffn(inject).register_forward_hook(add_last)
+    try:
+        torch.testing.assert_close(first, _plain_last(model, dict(batch)), rtol=1e-4, atol=1e-4)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("name", list(STRONG))
+def test_padded_rows_equal_single_rows(setup, name):
+    model, processor, batch, rows = setup
+    method = build_baseline(name, **STRONG[name])
+    with method.apply(model):
+        together = _gen(model, processor, batch).sequences[:, batch["input_ids"].shape[1]:]
+        for r, single in enumerate(rows):
+            alone = _gen(model, processor, single).sequences[:, single["input_ids"].shape[1]:]
+            assert torch.equal(together[r], alone[0]), (name, r)
+
+
+@pytest.mark.parametrize("name", list(STRONG))
+def test_everything_is_removed_on_exit_and_on_exception(setup, name):
+    model, processor, batch, _ = setup
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    plain = _gen(model, processor, batch).sequences
+
+    def hooks():
+        return {(n, len(m._forward_hooks), len(m._forward_pre_hooks)) for n, m in model.named_modules()}
+
+    before = hooks()
+    impl = arch_info(model).language_model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="boom"):
+        with build_baseline(name, **STRONG[name]).apply(model):
+            _gen(model, processor, batch)
+            raise RuntimeError("boom")
+    assert hooks() == before  # every hook the method added is gone (transformers' own stay)
+    assert arch_info(model).language_model.config._attn_implementation == impl
+    assert "get_image_features" not in model.base_model.__dict__
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(_gen(model, processor, batch).sequences, plain)
+
+
+def test_bad_input_is_named(setup):
+    model, _, _, _ = setup
+    with pytest.raises(ValueError, match="unknown method 'opera'"):
+        build_baseline("opera")
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        build_baseline("vcd", alpha=-1.0)
+    with pytest.raises(ValueError, match=r"noise_step must lie in the schedule \[0, 1000\)"):
+        build_baseline("vcd", noise_step=1000)
+    with pytest.raises(ValueError, match="layer 99 is out of range"):
+        with build_baseline("pai", layers=[99]).apply(model):
+            pass
+    with pytest.raises(ValueError, match="probe_layer 3 must come before inject_layer 1"):
+        with build_baseline("memvr", inject_layer=1, probe_layer=3).apply(model):
+            pass
+    with pytest.raises(ValueError, match="deco: .*unexpected keyword"):
+        build_baseline("deco", strength=1)
+
+
+@pytest.mark.parametrize("name", list(STRONG))
+def test_sampling_runs_through_each_method_and_it_acts(setup, name):
+    model, processor, batch, _ = setup
+    method = build_baseline(name, **STRONG[name])
+    torch.manual_seed(0)
+    with method.apply(model):
+        out = _gen(model, processor, batch, do_sample=True, temperature=1.0, top_k=0)
+    assert out.sequences.shape[1] == batch["input_ids"].shape[1] + NEW
+    assert method.stats()["acted"] > 0 and method.stats()["forwards"] >= NEW
