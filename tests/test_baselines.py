@@ -311,3 +311,24 @@ def test_sampling_runs_through_each_method_and_it_acts(setup, name):
         out = _gen(model, processor, batch, do_sample=True, temperature=1.0, top_k=0)
     assert out.sequences.shape[1] == batch["input_ids"].shape[1] + NEW
     assert method.stats()["acted"] > 0 and method.stats()["forwards"] >= NEW
+
+
+def test_the_commands_take_a_baseline(tmp_path, capsys):
+    import json
+
+    from keepsight.cli import main
+
+    model = save_tiny_checkpoint("tiny-llava", tmp_path / "m")
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2", "--seed", "1"]) == 0
+    out = tmp_path / "scores.json"
+    assert main(["world", "eval", "--model", str(model), "--data", str(tmp_path / "w"), "--baseline", "deco",
+                 "--baseline-args", '{"alpha": 0.6}', "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["baseline"]["name"] == "deco" and res["baseline"]["stats"]["forwards"] > 0
+    pred = tmp_path / "pred.jsonl"
+    assert main(["eval", "generate", "--model", str(model), "--data", str(tmp_path / "w"), "--out", str(pred),
+                 "--baseline", "vcd", "--max-new-tokens", "2", "--limit", "4"]) == 0
+    assert len(pred.read_text().splitlines()) == 4
+    assert main(["world", "eval", "--model", str(model), "--data", str(tmp_path / "w"), "--baseline-args",
+                 '{"alpha": 1}']) == 2
+    assert "--baseline-args needs --baseline" in capsys.readouterr().err

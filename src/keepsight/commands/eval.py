@@ -29,6 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..atomic import check_output_dir, check_output_file, mark, write_json, write_text
+from ..baselines import BASELINES
 from ..data import Sample, open_dataset, open_image, preflight
 from ..integrations.lmms_eval import KeepsightLMM
 from ..metrics.answers import KINDS, score_records
@@ -42,7 +43,7 @@ from ..metrics.pope import (
 )
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
-from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
+from .options import DATA_HELP, bounded_int, json_settings, nonneg_int, positive_int, read_samples
 
 POPE_KIND = "pope"
 
@@ -74,6 +75,9 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
+    g.add_argument("--baseline", choices=sorted(BASELINES), help="a training-free decoding baseline "
+                   "(keepsight.baselines) on top of the model (and --pvm / --bridge)")
+    g.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     g.add_argument("--mps", nargs="?", const="{}", help='diffusion: Mask Prior Suppression, optional JSON settings '
                    '(default: the paper\'s, {"k": 3, "lam": 0.1})')
     g.add_argument("--mrs", nargs="?", const="{}", help='diffusion: Monotonic RoPE Scaling, optional JSON settings '
@@ -93,10 +97,14 @@ def load_method(args) -> KeepsightLMM:
     if (args.mps or args.mrs or args.steps or args.block_length) and not args.diffusion:
         raise ValueError("--mps, --mrs, --steps and --block-length are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
+    if args.baseline_args and not args.baseline:
+        raise ValueError("--baseline-args needs --baseline")
     return KeepsightLMM(pretrained=args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
                         mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                        block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt)
+                        block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
+                        baseline=args.baseline,
+                        baseline_args=json_settings("--baseline-args", args.baseline_args) or None)
 
 
 def generate_parser(ev_sub) -> None:
@@ -118,16 +126,11 @@ def score_parser(ev_sub) -> None:
     sc.set_defaults(func=run_score)
 
 
-def _settings(name: str, text: str | None) -> dict | None:
+def _settings(name: str, text: str | None) -> dict | bool | None:
+    """--mps / --mrs: None when absent, True (the paper's settings) when given bare, else the JSON's settings."""
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--{name} {text!r} is not JSON ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--{name} takes a JSON object of settings, got {text!r}")
-    return value or True
+    return json_settings(f"--{name}", text) or True
 
 
 def eval_dataset(args):

@@ -5,6 +5,7 @@ reads the data it is given."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 
@@ -124,6 +125,19 @@ def user_data(args, need_answers: bool = True):
     ds, report = preflight(open_dataset(args.data, args.image_folder), args.skip_bad_rows, need_answers)
     print(f"pre-flight of {args.data}: {report.line()}", flush=True)
     return ds
+
+
+def json_settings(option: str, text: str | None) -> dict:
+    """A JSON object of settings given to ``option`` ({} when not given); anything else is an error naming it."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{option} {text!r} is not JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option} takes a JSON object of settings, got {text!r}")
+    return value
 
 
 def read_samples(path, limit: int | None = None) -> WorldSamples:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 from ..atomic import check_output_dir, check_output_file, write_json
+from ..baselines import BASELINES, build_baseline
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
@@ -12,6 +16,7 @@ from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
 from ..world.tasks import WorldSamples
 from .options import (
+    json_settings,
     nonneg_int,
     placement_args,
     positive_float,
@@ -59,6 +64,9 @@ def add_parser(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
+    e.add_argument("--baseline", choices=sorted(BASELINES), help="a training-free decoding baseline (keepsight."
+                   "baselines); combines with --pvm or --lora")
+    e.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     e.add_argument("--out", help="write the scores as JSON here")
     placement_args(e)
     e.set_defaults(func=run_eval)
@@ -121,9 +129,17 @@ def run_eval(args) -> int:
         load_pvm(model, args.pvm)
     if args.lora:
         model = apply_lora(model, args.lora)
-    yn, _ = evaluate_yes_no(model, processor, samples)
-    res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
-           "descriptions": evaluate_descriptions(model, processor, samples)}
+    if args.baseline_args and not args.baseline:
+        raise ValueError("--baseline-args needs --baseline")
+    method = build_baseline(args.baseline, **json_settings("--baseline-args", args.baseline_args)) \
+        if args.baseline else None
+    with method.apply(model) if method is not None else contextlib.nullcontext():
+        yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)
+        res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
+               "descriptions": evaluate_descriptions(model, processor, samples)}
+    if method is not None:
+        res["baseline"] = {"name": args.baseline, "config": dataclasses.asdict(method.config), "stats": method.stats()}
+        print(f"{args.baseline}: {method.stats()}")
     for c, v in yn["categories"].items():
         print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
     ch = res["descriptions"]["chair"]

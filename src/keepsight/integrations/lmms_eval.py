@@ -19,6 +19,10 @@
   ``mrs={"beta":0.01}`` or ``mrs_beta=0.01,mrs_eta=8``). Defaults are the papers' (MPS k 3, lam 0.1;
   MRS beta 0.01, eta 8, tau0 0.6).
 
+A training-free baseline (``keepsight.baselines``) decodes on top of ``none`` / ``pvm`` / ``bridge``:
+``baseline=vcd|pai|memvr|deco`` with its settings flat (``baseline_alpha=1.0,baseline_beta=0.1``) or as JSON
+(``baseline_args={"alpha": 1.0}``); generation only (``loglikelihood`` with a baseline is an error).
+
 Other model arguments: ``dtype`` (``auto``: float32 on CPU, bfloat16 on a GPU that has it, else float16),
 ``device`` (``auto``: ``cuda:$LOCAL_RANK`` / ``cuda`` when available, else ``cpu``), ``batch_size``,
 ``max_new_tokens`` (used when a task gives none), ``system_prompt``, ``ll_output`` (below).
@@ -64,12 +68,23 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from ..baselines import build_baseline
 from ..data import padding_side
 from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, MPSConfig, MRSConfig, generate
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..pvm import load_pvm
 from ..train.distributed import process_rank
-from .model_args import MPS_KEYS, MRS_KEYS, as_bool, as_choice, as_float, as_int, as_str, fix_settings
+from .model_args import (
+    MPS_KEYS,
+    MRS_KEYS,
+    as_bool,
+    as_choice,
+    as_float,
+    as_int,
+    as_str,
+    baseline_settings,
+    fix_settings,
+)
 
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
@@ -93,14 +108,17 @@ class KeepsightLMM:
     def __init__(self, pretrained: str | os.PathLike | None = None, method: str = "none", pvm=None, mps=None,
                  mrs=None, dtype: str = "auto", device: str | None = "auto", batch_size=1, max_new_tokens=128,
                  steps=None, gen_length=None, block_length=None, cfg_scale=0.0, remasking="low_confidence",
-                 seed=0, system_prompt=None, ll_output=None, max_batch_size=None, **extra):
+                 seed=0, system_prompt=None, ll_output=None, max_batch_size=None, baseline=None, baseline_args=None,
+                 **extra):
         del max_batch_size  # lmms-eval passes it for --batch_size auto, which is not supported
         mps_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mps_")}
         mrs_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mrs_")}
+        baseline_flat = {k[9:]: extra.pop(k) for k in list(extra) if k.startswith("baseline_")}
         if extra:
             raise ValueError(f"unknown model argument(s) {sorted(extra)}; keepsight accepts pretrained, method, pvm, "
                              "mps, mps_*, mrs, mrs_*, dtype, device, batch_size, max_new_tokens, steps, gen_length, "
-                             "block_length, cfg_scale, remasking, seed, system_prompt, ll_output")
+                             "block_length, cfg_scale, remasking, seed, system_prompt, ll_output, baseline, "
+                             "baseline_args, baseline_*")
         if pretrained is None:
             raise ValueError("pretrained=<checkpoint directory> is required")
         self.method = as_choice("method", method, METHODS)
@@ -137,6 +155,14 @@ class KeepsightLMM:
         self._mrs = None
         if self.mrs is not None:
             self._mrs = MonotonicRoPEScaling(**self.mrs)
+        self._baseline = None
+        if baseline not in (None, "", "none"):
+            if self.method == "diffusion":
+                raise ValueError(f"baseline={baseline} decodes autoregressive models; method is diffusion")
+            settings = baseline_settings(baseline_args, baseline_flat)
+            self._baseline = build_baseline(as_str("baseline", baseline), **settings)
+        elif baseline_args is not None or baseline_flat:
+            raise ValueError("baseline settings given without baseline=vcd|pai|memvr|deco")
 
     # ------------------------------------------------------------------ setup
 
@@ -382,7 +408,8 @@ class KeepsightLMM:
                 kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
             if self._model.generation_config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
                 kw["pad_token_id"] = self.tokenizer.pad_token_id
-            gen = self._model.generate(**enc, **kw)
+            with self._baseline.apply(self._model) if self._baseline is not None else contextlib.nullcontext():
+                gen = self._model.generate(**enc, **kw)
             new = gen[:, enc["input_ids"].shape[1]:]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         return [self._cut(t, s["until"]) for t in texts]
@@ -438,7 +465,14 @@ class KeepsightLMM:
 
     # ------------------------------------------------------------------ loglikelihood
 
+    def baseline_stats(self) -> dict | None:
+        """How often the baseline acted in the last generation batch (``keepsight.baselines``), or None."""
+        return self._baseline.stats() if self._baseline is not None else None
+
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        if self._baseline is not None:
+            raise ValueError(f"baseline={self._baseline.name} changes generation only; loglikelihood tasks score the "
+                             "model itself")
         if self.method == "diffusion":
             raise NotImplementedError("loglikelihood is not defined for a masked-diffusion model (method=diffusion) "
                                       "here: it has no left-to-right token probabilities; evaluate it on "

@@ -130,3 +130,25 @@ def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) 
     if unknown:
         raise ValueError(f"{name}: unknown setting(s) {unknown}; known: {sorted(keys)}")
     return {k: keys[k](f"{name}.{k}", v) for k, v in settings.items()}
+
+
+def _scalar(value):
+    """A model-argument string as a JSON scalar or list when it reads as one (1.0, true, [2, 3]), else as is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def baseline_settings(as_json, flat: dict) -> dict:
+    """A baseline's settings from ``baseline_args`` (a JSON object or a dict) and flat ``baseline_*`` arguments."""
+    settings = {}
+    if as_json is not None:
+        value = json.loads(as_json) if isinstance(as_json, str) else as_json
+        if not isinstance(value, dict):
+            raise ValueError(f"baseline_args must be a JSON object, got {as_json!r}")
+        settings.update(value)
+    settings.update({k: _scalar(v) for k, v in flat.items()})
+    return settings

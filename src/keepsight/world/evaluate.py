@@ -59,14 +59,20 @@ def generate_answers(model, processor, prompts: list[str], images: list, max_new
     return [o.strip() for o in out]
 
 
-def evaluate_yes_no(model, processor, samples: WorldSamples, batch_size: int = 64) -> tuple[dict, list[dict]]:
+def evaluate_yes_no(model, processor, samples: WorldSamples, batch_size: int = 64,
+                    decode: bool = False) -> tuple[dict, list[dict]]:
+    """Yes/no accuracy by category. ``decode``: the first answer token by ``generate`` (left padding; what a
+    decoding-time method such as a ``keepsight.baselines`` one changes) instead of one right-padded forward."""
     records, prompts, images = [], [], []
     for scene, img in zip(samples.scenes, samples.images):
         for q in yes_no_questions(scene, samples.config):
             records.append({"image": scene.id, **q})
             prompts.append(q["question"])
             images.append(img)
-    preds = next_token_answers(model, processor, prompts, images, batch_size)
+    if decode:
+        preds = generate_answers(model, processor, prompts, images, max_new_tokens=1, batch_size=batch_size)
+    else:
+        preds = next_token_answers(model, processor, prompts, images, batch_size)
     for r, p in zip(records, preds):
         r["prediction"] = p
     return yes_no_scores(records), records
