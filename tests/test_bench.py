@@ -49,3 +49,11 @@ def test_diffusion_bench_counts_forwards_of_each_sampler(tmp_path):
     assert rows["plain"]["forwards"] == 4 and rows["plain"]["flops_saving"] == 1.0
     assert rows["prefix"]["positions"] < rows["plain"]["positions"] and rows["dual"]["flops_saving"] > 1
     assert 0 < res["extra_flops_share"] < 0.01
+
+
+def test_baselines_bench_times_every_method(tmp_path):
+    from keepsight.bench import baselines
+
+    res = baselines.run(tmp_path, batch=1, new_tokens=2, pairs=1)
+    assert {(r["size"], r["method"]) for r in res["rows"]} == {(s, m) for s in baselines.SIZES for m in baselines.METHODS}
+    assert all(r["ratio"] > 0 and r["stats"]["forwards"] > 0 for r in res["rows"])

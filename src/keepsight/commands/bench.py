@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..atomic import check_output_dir, mark
-from ..bench import bridge_memory, data, diffusion, needle, probe_overhead, pvm_decode, scan
+from ..bench import baselines, bridge_memory, data, diffusion, needle, probe_overhead, pvm_decode, scan
 from .options import bounded_int, positive_float
 
 KIND = "bench"
@@ -20,6 +20,8 @@ BENCHMARKS = {
     "scan": lambda a: scan.run(a.out),
     "diffusion": lambda a: diffusion.run(a.out, pairs=a.repeats or 20),
     "data": lambda a: data.run(a.out, rows=a.rows, batch=a.batch or 16),
+    "baselines": lambda a: baselines.run(a.out, batch=a.batch or 4, new_tokens=min(a.new_tokens, 64),
+                                         pairs=a.repeats or 9),
 }
 
 

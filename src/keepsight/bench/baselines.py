@@ -1,0 +1,81 @@
+"""``keepsight bench baselines``: generation time per token of each training-free baseline (``keepsight.baselines``)
+relative to the plain model, as the median of interleaved A/B pairs on the same inputs, on the tiny LLaVA preset and
+a mid-size one (text width 512, 8 layers). By design VCD and PAI's text-only subtraction run a second stream, about
+one extra cached forward per token (a design cost of ~2x); MemVR and DeCo add LogitLens reads. The table reports each
+ratio next to its design cost (goal: within 10% of it).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..baselines import build_baseline
+from ..data import chat_example, padding_side
+from ..world import generate as world_scenes
+from ..world import render, world_config
+from ..world.models import PRESETS, build_model, preset_processor
+from ..world.texts import DESCRIBE_PROMPT
+from . import write_result
+
+# method -> (settings, the design cost in plain forwards per token)
+METHODS = {"vcd": ({}, 2.0), "pai": ({}, 2.0), "pai (attention only)": ({"gamma": 0.0}, 1.0),
+           "memvr": ({"threshold": 0.0}, 1.0), "deco": ({}, 1.0)}
+SIZES = {"tiny": {}, "mid": {"text_hidden": 512, "text_layers": 8, "text_heads": 8, "text_kv_heads": 4,
+                             "text_intermediate": 1536}}
+
+
+def _generate(model, enc, kw, method=None) -> None:
+    if method is None:
+        model.generate(**enc, **kw)
+        return
+    with method.apply(model):
+        model.generate(**enc, **kw)
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pairs: int = 9) -> dict:
+    cfg = world_config()
+    images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
+    rows = []
+    for size, change in SIZES.items():
+        preset = replace(PRESETS["tiny-llava"], **change)
+        processor = preset_processor(preset)
+        model = build_model(preset, processor.tokenizer, seed=0).eval()
+        with padding_side(processor.tokenizer, "left"):
+            enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images,
+                            return_tensors="pt", padding=True)
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  pad_token_id=processor.tokenizer.pad_token_id)
+
+        _generate(model, enc, kw)  # warm-up
+        for name, (settings, design) in METHODS.items():
+            method = build_baseline(name.split(" ")[0], **settings)
+            _generate(model, enc, kw, method)
+            ta, tb = [], []
+            for _ in range(pairs):
+                ta.append(_timed(lambda m=model, e=enc, k=kw: _generate(m, e, k)))
+                tb.append(_timed(lambda m=model, e=enc, k=kw, x=method: _generate(m, e, k, x)))
+            ratio = statistics.median(b / a for a, b in zip(ta, tb))
+            rows.append({"size": size, "method": name, "ratio": ratio, "design": design,
+                         "ms_per_token_plain": 1000 * statistics.median(ta) / new_tokens,
+                         "ms_per_token": 1000 * statistics.median(tb) / new_tokens,
+                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()})
+    print(f"{'size':<6}{'method':<22}{'ms/token plain':>15}{'ms/token':>10}{'ratio':>8}{'design':>8}")
+    for r in rows:
+        print(f"{r['size']:<6}{r['method']:<22}{r['ms_per_token_plain']:>15.2f}{r['ms_per_token']:>10.2f}"
+              f"{r['ratio']:>8.2f}{r['design']:>8.1f}")
+    result = {"benchmark": "baselines", "batch": batch, "new_tokens": new_tokens, "pairs": pairs,
+              "threads": torch.get_num_threads(), "rows": rows}
+    write_result(out, "baselines", result)
+    return result
