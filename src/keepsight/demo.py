@@ -19,12 +19,15 @@ from . import __version__
 from .atomic import check_output_dir, mark, write_json, write_text
 from .experiments.aggregate import aggregate
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
+from .experiments.baselines import ARMS as BASELINE_ARMS
+from .experiments.baselines import BaselinesExperiment, run_baselines_experiment
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
 from .models import load_checkpoint
 from .pvm import PVMConfig
 from .report.base import base_sections, diagnosis_section
+from .report.baselines import baselines_markdown, baselines_report
 from .report.bridge import bridge_markdown, bridge_report
 from .report.claims import claims_markdown, claims_section, claims_table
 from .report.diffusion import diffusion_markdown, diffusion_report
@@ -63,6 +66,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "pvm": Experiment(run_pvm_experiment, pvm_report, pvm_markdown),
     "bridge": Experiment(run_bridge_experiment, bridge_report, bridge_markdown),
     "diffusion": Experiment(run_diffusion_experiment, diffusion_report, diffusion_markdown),
+    "baselines": Experiment(run_baselines_experiment, baselines_report, baselines_markdown),
 }
 
 
@@ -98,6 +102,7 @@ class DemoProfile:
     pvm: PVMExperiment | None = None  # the PVM arms (None: skip)
     bridge: BridgeExperiment | None = None  # the LIA-MTR vs MLP arms (None: skip)
     diffusion: DiffusionExperiment | None = None  # the masked-diffusion VLM with MPS / MRS (None: skip)
+    baselines: BaselinesExperiment | None = None  # VCD / PAI / MemVR / DeCo beside PVM (None: skip)
 
 
 PROFILES = {
@@ -116,6 +121,9 @@ PROFILES = {
         bridge=BridgeExperiment(),
         diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=4,
                                       steps_grid=(4,), sweep_steps=4, sweeps={"lam": [0.3], "beta": [0.1]}),
+        baselines=BaselinesExperiment(arms={k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")},
+                                      pvm=PVMExperiment(sft=PVMTrainConfig(steps=8, save_every=1000)),
+                                      timing_scenes=2, timing_repeats=1),
     ),
     # the default (`keepsight demo`, about 30 minutes on 2 cores): the base, its dilution diagnosis and
     # multi-turn regime, the PVM arms (with the LoRA control and full fine-tuning), the diffusion methods
@@ -141,6 +149,10 @@ PROFILES = {
                                          "frequency_beta": [0.01, 0.1, 0.5, 1.0], "eta": [4.0, 8.0, 12.0],
                                          "tau0": [0.3, 0.6, 0.9],
                                          "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"]})),
+    # `--profile baselines`: VCD, PAI, MemVR and DeCo (paper defaults and a stronger setting) beside PVM stage 1 on
+    # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
+    "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+                             baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_READING))),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move), LIA-MTR's readings (lambda spacing x
     # gate), the diffusion sweeps
     "extended": DemoProfile(

@@ -46,12 +46,14 @@ class ExperimentContext:
     log: Callable[[str], None] = field(default=print)
 
 
-def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
+def evaluate_arm(model, processor, sets: EvalSets, log=print, decoding_method: bool = False) -> dict:
     """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, the
     attention / TVR / LogitLens diagnosis, and the multi-turn dilution regime (accuracy of a fixed visual
-    question after 0 .. 15 turns of history). Description texts are dropped from the result, except a few."""
+    question after 0 .. 15 turns of history). Description texts are dropped from the result, except a few.
+    ``decoding_method``: a decoding-time method is active (``keepsight.baselines``): yes/no answers are decoded
+    (left padding) and the attention probes are left out (the diagnosis is None, the history has no Omega_V)."""
     log(f"  yes/no on {len(sets.eval)} scenes")
-    yn, _ = evaluate_yes_no(model, processor, sets.eval)
+    yn, _ = evaluate_yes_no(model, processor, sets.eval, decode=decoding_method)
     log("  open answers")
     open_acc = evaluate_open(model, processor, sets.eval)
     log(f"  descriptions of {len(sets.eval)} scenes")
@@ -59,10 +61,12 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print) -> dict:
     k = sets.n_objects
     log(f"  dilution curve on {len(sets.dilution)} scenes with {k} objects")
     dil = evaluate_descriptions(model, processor, sets.dilution)
-    log(f"  attention mass, TVR and LogitLens while describing {len(sets.diagnosis)} scenes")
-    diag = diagnose(model, processor, sets.diagnosis)
+    diag = None
+    if not decoding_method:
+        log(f"  attention mass, TVR and LogitLens while describing {len(sets.diagnosis)} scenes")
+        diag = diagnose(model, processor, sets.diagnosis)
     log(f"  a visual question after 0 .. {HISTORY_LENGTHS[-1]} turns of history, {len(sets.eval)} scenes")
-    history = evaluate_history(model, processor, sets.eval)
+    history = evaluate_history(model, processor, sets.eval, probe=not decoding_method)
     return {
         "yes_no": yn,
         "open": open_acc,

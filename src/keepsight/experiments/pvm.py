@@ -60,6 +60,16 @@ def _strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "log_history"}
 
 
+def sft_adapter(exp: PVMExperiment, ctx: ExperimentContext) -> Path:
+    """Stage 1's adapter of ``exp`` on the context's base: trained, or reused from the cache next to the base."""
+    sft_dir = Path(f"{ctx.model_dir}-pvm") / f"sft-{_hash([exp.pvm.to_dict(), asdict(exp.sft)])}"
+    tc = ctx.train_config
+    ctx.log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
+    train_pvm_sft(ctx.model_dir, instruct_data(ctx.scenes(), exp.sft.seed, tc.instruct_tasks, tc.max_turns), sft_dir,
+                  exp.pvm, exp.sft, progress=False)
+    return sft_dir
+
+
 def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     """Train (or reuse) the three adapters on the training scenes and evaluate each arm on the held-out sets."""
     model_dir, train, sets, log = ctx.model_dir, ctx.scenes(), ctx.sets, ctx.log

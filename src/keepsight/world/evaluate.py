@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..data import chat_example, padding_side, render_prompt
@@ -126,13 +128,14 @@ HISTORY_LENGTHS = (0, 1, 2, 4, 8, 12, 15)  # turns of text history before the pr
 
 @torch.no_grad()
 def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LENGTHS, seed: int = 0,
-                     batch_size: int = 32) -> dict:
+                     batch_size: int = 32, probe: bool = True) -> dict:
     """Accuracy of one fixed visual yes/no question per scene asked after ``h`` turns of history (other questions
     of the scene with their true answers; ``keepsight.world.dialog.history_probe``), for each h in ``lengths``,
     with the share of attention on the image (Omega_V, mean over layers and heads) and TVR at the position that
     answers. Returns per length: ``acc`` with its 95% Wilson interval, ``omega_v``, ``tvr``, ``text_tokens``;
     and ``drop``: accuracy at the shortest minus at the longest history, paired by scene, with a 95% bootstrap
-    interval."""
+    interval. ``probe=False`` leaves the attention probe out (Omega_V / TVR are then None): for methods that set
+    their own attention function (``keepsight.baselines.PAI``)."""
     lengths = sorted(set(int(h) for h in lengths))
     if not lengths or lengths[0] < 0:
         raise ValueError(f"lengths must be non-negative turn counts, got {lengths}")
@@ -151,20 +154,22 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
                 enc = processor(text=[render_prompt(processor, c) for c in batch],
                                 images=[im for c in batch for im in c.images], return_tensors="pt",
                                 padding=True).to(device)
-            with VisualAttentionProbe(model) as probe:
+            with VisualAttentionProbe(model) if probe else contextlib.nullcontext() as watch:
                 gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
             answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
             finals = [p[1] for p in probes[i : i + batch_size]]
             right += [float(a.strip() == f["answer"]) for a, f in zip(answers, finals)]
-            ratio = probe.log_ratio[0]  # [L, B, H] at the answering position (left padding: the last column)
-            omega += torch.sigmoid(ratio).mean((0, 2)).tolist()
-            tvr += torch.exp(-ratio).mean((0, 2)).tolist()
+            if probe:
+                ratio = watch.log_ratio[0]  # [L, B, H] at the answering position (left padding: the last column)
+                omega += torch.sigmoid(ratio).mean((0, 2)).tolist()
+                tvr += torch.exp(-ratio).mean((0, 2)).tolist()
             text += ((enc["input_ids"] != tok.image_token_id) & enc["attention_mask"].bool()).sum(1).tolist()
         hits[h] = right
         k = int(sum(right))
         low, high = wilson(k, len(right))
         per_length[h] = {"acc": k / len(right), "low": low, "high": high, "n": len(right),
-                         "omega_v": sum(omega) / len(omega), "tvr": sum(tvr) / len(tvr),
+                         "omega_v": sum(omega) / len(omega) if omega else None,
+                         "tvr": sum(tvr) / len(tvr) if tvr else None,
                          "text_tokens": sum(text) / len(text)}
     return {"lengths": lengths, "by_length": {str(h): v for h, v in per_length.items()},
             "drop": paired_bootstrap(hits[lengths[0]], hits[lengths[-1]], seed=seed),

@@ -1,0 +1,108 @@
+"""The training-free baselines on the world (issue 17): the base, each baseline at the paper's defaults and one
+stronger setting, and PVM (stage 1, the PVM experiment's cached adapter), scored on the same scenes: yes/no by
+category, accuracy vs history length (the dilution regime), CHAIR / recall of descriptions, the world POPE, and
+generation time per token relative to the base (descriptions, median of interleaved runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..baselines import build_baseline
+from ..models import load_checkpoint
+from ..pvm import load_pvm
+from ..world.evaluate import generate_answers
+from ..world.pope import evaluate_world_pope
+from ..world.texts import DESCRIBE_PROMPT
+from .arm import ExperimentContext, evaluate_arm
+from .pvm import PVMExperiment, sft_adapter
+
+ARMS = {  # name -> (method, settings): the paper's defaults, and a stronger reading of each
+    "vcd": ("vcd", {}), "vcd (alpha 2)": ("vcd", {"alpha": 2.0}),
+    "pai": ("pai", {}), "pai (alpha 1, gamma 0.5)": ("pai", {"alpha": 1.0, "gamma": 0.5}),
+    "memvr": ("memvr", {}), "memvr (threshold 0.5, alpha 0.3)": ("memvr", {"threshold": 0.5, "alpha": 0.3}),
+    "deco": ("deco", {}), "deco (alpha 1)": ("deco", {"alpha": 1.0}),
+}
+
+
+@dataclass
+class BaselinesExperiment:
+    arms: dict = field(default_factory=lambda: dict(ARMS))
+    pvm: PVMExperiment | None = field(default_factory=PVMExperiment)  # its stage-1 adapter is the PVM arm
+    timing_scenes: int = 16  # descriptions timed per arm
+    timing_repeats: int = 3
+    pope_per_image: int = 3
+
+    def to_dict(self) -> dict:
+        return {"arms": {k: [m, dict(s)] for k, (m, s) in self.arms.items()},
+                "pvm": self.pvm.to_dict() if self.pvm else None, "timing_scenes": self.timing_scenes,
+                "timing_repeats": self.timing_repeats, "pope_per_image": self.pope_per_image}
+
+
+def _time_per_token(model, processor, samples, method, repeats: int) -> float:
+    """Median seconds per generated token of ``samples``' descriptions (fixed budget, greedy)."""
+    images = samples.images
+    budget = 48
+    times = []
+    for _ in range(repeats):
+        with method.apply(model) if method is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            generate_answers(model, processor, [DESCRIBE_PROMPT] * len(images), images, budget, batch_size=16)
+            times.append((time.perf_counter() - t0) / (budget * len(images)))
+    return statistics.median(times)
+
+
+def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -> dict:
+    model_dir, sets, log = ctx.model_dir, ctx.sets, ctx.log
+    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
+    timing = type(sets.eval)(sets.eval.config, sets.eval.scenes[: exp.timing_scenes],
+                             sets.eval.images[: exp.timing_scenes])
+    base_time = _time_per_token(model, processor, timing, None, exp.timing_repeats)
+    log("  world POPE, base")
+    arms = {"base": {**ctx.base, "pope": evaluate_world_pope(model, processor, sets.eval, exp.pope_per_image)}}
+    speed = {"base": 1.0}
+    stats = {}
+    for name, (method_name, settings) in exp.arms.items():
+        method = build_baseline(method_name, **settings)
+        log(f"evaluating {name}")
+        with method.apply(model):
+            result = evaluate_arm(model, processor, sets, log, decoding_method=True)
+            result["pope"] = evaluate_world_pope(model, processor, sets.eval, exp.pope_per_image)
+        stats[name] = method.stats()
+        arms[name] = result
+        speed[name] = _time_per_token(model, processor, timing, build_baseline(method_name, **settings),
+                                      exp.timing_repeats) / base_time
+    if exp.pvm is not None:
+        adapter = sft_adapter(exp.pvm, ctx)  # the PVM experiment's stage-1 adapter (cached when it ran)
+        with_pvm, proc = load_checkpoint(model_dir, dtype=None, device="cpu")
+        load_pvm(with_pvm, adapter)
+        log("evaluating pvm_sft")
+        arms["pvm_sft"] = {**evaluate_arm(with_pvm, proc, sets, log),
+                           "pope": evaluate_world_pope(with_pvm, proc, sets.eval, exp.pope_per_image)}
+        speed["pvm_sft"] = _time_per_token(with_pvm, proc, timing, None, exp.timing_repeats) / base_time
+    return {"config": exp.to_dict(), "arms": {k: {kk: vv for kk, vv in v.items() if kk != "texts"}
+                                              for k, v in arms.items()},
+            "time_per_token_vs_base": speed, "stats": stats, "threads": torch.get_num_threads()}
+
+
+def compare(res: dict) -> list[list]:
+    """Rows: arm, yes/no, history at the shortest / longest length, drop, CHAIRi, object recall, POPE adversarial
+    F1, time per token vs base."""
+    rows = []
+    for name, a in res["arms"].items():
+        hist = a["history"]
+        lo, hi = hist["lengths"][0], hist["lengths"][-1]
+        rows.append([name, a["yes_no"]["overall_acc"], hist["by_length"][str(lo)]["acc"],
+                     hist["by_length"][str(hi)]["acc"], hist["drop"]["diff"], a["descriptions"]["chair"]["chair_i"],
+                     a["descriptions"]["chair"]["object_recall"], a["pope"]["adversarial"]["f1"],
+                     a["pope"]["popular"]["f1"], res["time_per_token_vs_base"].get(name)])
+    return rows
+
+
+COMPARE_HEADER = ["arm", "yes/no", "history short", "history long", "drop", "CHAIRi", "object recall",
+                  "POPE adv. F1", "POPE pop. F1", "time / token vs base"]
