@@ -153,14 +153,12 @@ PROFILES = {
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
     "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                              baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_READING))),
-    # `--profile extended`: a 6-layer base (LogitLens has depth to move), LIA-MTR's readings (lambda spacing x
-    # gate), the diffusion sweeps
+    # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
+    # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
         name="extended", n_train=4000, n_eval=200, n_dilution=150,
         train=dataclasses.replace(BASE_RECIPE, preset="tiny-llava-6l"),
-        pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150)),
-        bridge=BridgeExperiment(readings=LIA_READINGS),
-        diffusion=DiffusionExperiment()),
+        pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150))),
 }
 
 
