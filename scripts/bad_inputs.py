@@ -68,6 +68,7 @@ BT = "bridge train --phase 1 --model {M} --data {W} --out {new:b} --steps 1 --ba
 DT = "diffusion train --base {B} --data {W} --out {new:v} --steps 1 --batch-size 2 --answer-length 8"
 BPO = "bench probe-overhead --out {new:bench} --batch 1 --new-tokens 2 --repeats 1"
 CH = "eval chair --captions {CAPS} --coco {COCO} --out {new:chair.json}"
+EG = "eval generate --model {M} --data {J} --image-folder {W} --out {new:p.jsonl} --max-new-tokens 2 --batch-size 2"
 
 INT_BAD = {"zero": "0", "neg": "-1", "nan": "nan", "inf": "inf", "huge": str(HUGE), "float": "2.5", "word": "abc"}
 FLOAT_BAD = {"zero": "0", "neg": "-1", "nan": "nan", "inf": "inf", "huge": "1e12", "word": "abc"}
@@ -360,6 +361,55 @@ CLI_CASES: list[dict] = [
     cli("corrupt:eval-chair-coco-broken", CH.replace("{COCO}", "{COCO_bad}"), ["instances_val2014.json"]),
     cli("corrupt:eval-chair-unknown-image-ids", CH.replace("{CAPS}", "{CAPS_unknown}"), ["image_id", "999999"],
         valid=None),
+
+    # ---------------------------------------------------------------- real data, eval generate / score / pope, baselines
+    control("eval-generate-llava", EG),
+    control("eval-generate-baseline-vcd", f"{EG} --baseline vcd"),
+    control("eval-score", "eval score --pred {P} --out {new:s.json}"),
+    *[c for opt in ("--limit", "--batch-size", "--max-new-tokens")
+      for c in numeric(EG, opt, values={k: INT_BAD[k] for k in ("zero", "neg", "nan", "float", "word")})],
+    cli("data:eval-generate-data-missing", EG.replace("{J}", "{new:nowhere.json}"), ["nowhere.json", "--data"]),
+    cli("data:eval-generate-data-not-llava", EG.replace("{J}", "{J_notlist}"), ["J_notlist"]),
+    cli("data:eval-generate-data-no-conversations", EG.replace("{J}", "{J_noconv}"), ["conversations"]),
+    cli("data:eval-generate-data-missing-image", EG.replace("{J}", "{J_missing}"),
+        ["nowhere.png", "--skip-bad-rows"]),
+    cli("data:eval-generate-data-missing-image-skipped", EG.replace("{J}", "{J_missing}") + " --skip-bad-rows",
+        valid=True),
+    cli("data:eval-generate-model-is-world", EG.replace("{M}", "{W}"), ["W", "config.json"]),
+    cli("data:eval-generate-diffusion-on-llava", f"{EG} --diffusion", ["diffusion", "--model"]),
+    cli("data:eval-generate-mps-without-diffusion", f"{EG} --mps", ["--mps", "--diffusion"]),
+    cli("data:eval-generate-baseline-unknown", f"{EG} --baseline nope", ["--baseline", "nope"]),
+    cli("data:eval-generate-baseline-args-not-json", f"{EG} --baseline vcd --baseline-args '{{bad'",
+        ["--baseline-args"]),
+    cli("data:eval-generate-baseline-args-alone", EG + " --baseline-args '{\"alpha\": 1}'", ["--baseline"]),
+    *[cli(f"data:eval-generate-{m}-{field}", f"{EG} --baseline {m} --baseline-args '{args}'", [field])
+      for m, field, args in (("vcd", "alpha", '{"alpha": -1}'), ("vcd", "noise_step", '{"noise_step": 5000}'),
+                             ("vcd", "nope", '{"nope": 1}'), ("pai", "layers", '{"layers": [99]}'),
+                             ("pai", "alpha", '{"alpha": "nan"}'), ("memvr", "threshold", '{"threshold": -1}'),
+                             ("memvr", "inject_layer", '{"inject_layer": 99}'), ("deco", "layers", '{"layers": [99]}'),
+                             ("deco", "alpha", '{"alpha": -0.5}'))],
+    cli("loss:eval-generate-out-is-data", "eval generate --model {M} --data {copy:J} --image-folder {W} "
+        "--out {copy:J} --max-new-tokens 2", ["--out", "--data"], keep=["{copy:J}"]),
+    cli("loss:eval-generate-out-is-dir", EG.replace("{new:p.jsonl}", "{copy:D}"), ["D", "--out"], keep=["{copy:D}"]),
+    cli("path:eval-generate-out-under-file", EG.replace("{new:p.jsonl}", "{F}/p.jsonl"), ["--out", "plain.txt"]),
+    cli("data:eval-score-pred-missing", "eval score --pred {new:nowhere.jsonl}", ["nowhere.jsonl"]),
+    cli("data:eval-score-pred-broken", "eval score --pred {P_bad}", ["P_bad"]),
+    cli("data:eval-score-pred-empty", "eval score --pred {CAPS_empty}", ["captions_empty.jsonl"]),
+    cli("data:eval-score-pred-no-reference", "eval score --pred {CAPS}", ["captions.jsonl", "reference"]),
+    cli("loss:eval-score-out-is-pred", "eval score --pred {copy:P} --out {copy:P}", ["--out", "--pred"],
+        keep=["{copy:P}"]),
+    cli("data:eval-pope-coco-missing", "eval pope --coco {new:nococo} --out {new:pope} --model {M}", ["nococo"]),
+    cli("data:eval-pope-coco-broken", "eval pope --coco {COCO_bad} --out {new:pope} --model {M}",
+        ["instances_val2014.json"]),
+    cli("data:eval-pope-no-model-no-answers", "eval pope --coco {COCO} --out {new:pope}", ["--model", "--answers"]),
+    cli("data:eval-pope-answers-broken", "eval pope --coco {COCO} --out {new:pope} --answers {P_bad} --images 1 "
+        "--per-image 1", ["P_bad"]),
+    *numeric("eval pope --coco {COCO} --out {new:pope} --model {M}", "--images",
+             values={k: INT_BAD[k] for k in ("zero", "neg", "word")}),
+    cli("data:pvm-train-llava-missing-image", "pvm train --model {M} --data {J_missing} --image-folder {W} "
+        "--out {new:a} --steps 1 --batch-size 2", ["nowhere.png", "--skip-bad-rows"]),
+    cli("data:lora-train-llava-no-conversations", "lora train --model {M} --data {J_noconv} --image-folder {W} "
+        "--out {new:l} --steps 1 --batch-size 2", ["conversations"]),
 ]
 
 # ============================================================================= the API cases
@@ -510,6 +560,15 @@ API_CASES: list[dict] = [
     api("TrainConfig", cls="BridgeTrainConfig", phase=3, expect=["phase"]),
     api("TrainConfig", cls="BridgeTrainConfig", phase=1, bridge="unknown", expect=["bridge"]),
     api("TrainConfig", cls="LoRATrainConfig", steps=-1, expect=["steps"]),
+    # ---------------------------------------------------------------- training-free baselines
+    api("baseline", "nope", expect=["nope", "method"]),
+    *[api("baseline", name, **{k: v}, expect=[k]) for name, k, v in (
+        ("vcd", "alpha", -1.0), ("vcd", "alpha", NAN), ("vcd", "beta", 2.0), ("vcd", "noise_step", -1),
+        ("vcd", "noise_step", 1001), ("pai", "alpha", -0.5), ("pai", "gamma", NAN), ("pai", "layers", [99]),
+        ("pai", "rows", "every"), ("memvr", "alpha", INF), ("memvr", "threshold", NAN), ("memvr", "inject_layer", 99),
+        ("memvr", "probe_layer", -99), ("deco", "alpha", -1.0), ("deco", "layers", [99]), ("deco", "top_p", 1.5),
+        ("deco", "top_k", 0))],
+    api("baseline", "vcd", alpha=0.0, valid=True, tag="'vcd', alpha=0.0 (identity)"),
 ]
 
 # ============================================================================= API handlers (run in a child)
@@ -733,11 +792,23 @@ def h_train_config(fx, cls, **kw):
     return {"note": f"built {cfg}"}
 
 
+def h_baseline(fx, name, **kw):
+    """Build the baseline and apply it to a tiny LLaVA for one short greedy generation (layer checks happen there)."""
+    from keepsight.baselines import build_baseline
+
+    method = build_baseline(name, **kw)
+    model, proc = _llava()
+    inputs = _vlm_inputs(proc)
+    with method.apply(model):
+        out = model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    return {"note": f"{name}: {out.shape[-1]} tokens, stats {method.stats()}"}
+
+
 HANDLERS = {"PVMConfig": h_pvm_config, "LiaMtrConfig": h_lia_mtr, "MaskPriorSuppression": h_mps,
             "MonotonicRoPEScaling": h_mrs, "generate": h_generate, "generate_vlm": h_generate_vlm, "probe": h_probe,
             "probe_nested": h_probe_nested, "load_checkpoint": h_load_checkpoint, "load_pvm": h_load_pvm,
             "load_llada_v": h_load_llada_v, "world_config": h_world_config, "WorldConfig": h_world_cfg_fields,
-            "build_world": h_build_world, "TrainConfig": h_train_config}
+            "build_world": h_build_world, "TrainConfig": h_train_config, "baseline": h_baseline}
 
 CLEAN_EXCEPTIONS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
 
@@ -861,6 +932,26 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
     fx["CAPS_empty"] = root / "captions_empty.jsonl"
     (root / "captions_unknown.jsonl").write_text(json.dumps({"image_id": 999999, "caption": "A dog."}) + "\n")
     fx["CAPS_unknown"] = root / "captions_unknown.jsonl"
+    # LLaVA-format data over the world's images, predictions files
+    if need("W"):
+        images = sorted((fx["W"] / "images").glob("*.png"))[:2]
+        rows = [{"id": f"r{i}", "image": f"images/{im.name}", "conversations": [
+            {"from": "human", "value": "<image>\nIs there a red circle?"}, {"from": "gpt", "value": "yes"}]}
+            for i, im in enumerate(images)]
+        (root / "J.json").write_text(json.dumps(rows))
+        fx["J"] = root / "J.json"
+        (root / "J_missing.json").write_text(json.dumps(rows + [{**rows[0], "id": "gone", "image": "images/nowhere.png"}]))
+        fx["J_missing"] = root / "J_missing.json"
+        (root / "J_notlist.json").write_text(json.dumps({"rows": rows}))
+        fx["J_notlist"] = root / "J_notlist.json"
+        (root / "J_noconv.json").write_text(json.dumps([{"id": "x", "image": rows[0]["image"]}]))
+        fx["J_noconv"] = root / "J_noconv.json"
+    preds = [{"id": "a", "prompt": "Is there a dog?", "answer": "Yes.", "reference": "yes"},
+             {"id": "b", "prompt": "Is there a cat?", "answer": "yes", "reference": "no"}]
+    (root / "P.jsonl").write_text("".join(json.dumps(r) + "\n" for r in preds))
+    fx["P"] = root / "P.jsonl"
+    (root / "P_bad.jsonl").write_text(json.dumps(preds[0]) + "\n{\"id\": \"b\", \"ans\n")
+    fx["P_bad"] = root / "P_bad.jsonl"
     # models
     if need("M"):
         variants = {

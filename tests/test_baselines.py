@@ -332,3 +332,22 @@ def test_the_commands_take_a_baseline(tmp_path, capsys):
     assert main(["world", "eval", "--model", str(model), "--data", str(tmp_path / "w"), "--baseline-args",
                  '{"alpha": 1}']) == 2
     assert "--baseline-args needs --baseline" in capsys.readouterr().err
+
+
+def test_eval_generate_names_bad_baseline_settings_before_loading(tmp_path, capsys, monkeypatch):
+    from keepsight.cli import main
+    from keepsight.integrations import lmms_eval
+
+    def no_load(*a, **k):  # a bad setting must be named before the (possibly minutes long) model load
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(lmms_eval.KeepsightLMM, "__init__", no_load)
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "generate", "--model", str(tmp_path / "nowhere"), "--data", str(tmp_path / "w"), "--out",
+                 str(tmp_path / "p.jsonl"), "--baseline", "vcd", "--baseline-args", '{"alpha": -1}']) == 2
+    assert "alpha must lie in [0.0, inf], got -1" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["eval", "score", "--pred", str(empty)]) == 2
+    assert f"--pred {empty}: no predictions to score" in capsys.readouterr().err

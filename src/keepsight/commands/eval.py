@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..atomic import check_output_dir, check_output_file, mark, write_json, write_text
-from ..baselines import BASELINES
+from ..baselines import BASELINES, build_baseline
 from ..data import Sample, open_dataset, open_image, preflight
 from ..integrations.lmms_eval import KeepsightLMM
 from ..metrics.answers import KINDS, score_records
@@ -99,12 +99,14 @@ def load_method(args) -> KeepsightLMM:
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     if args.baseline_args and not args.baseline:
         raise ValueError("--baseline-args needs --baseline")
+    baseline_args = json_settings("--baseline-args", args.baseline_args) or None
+    if args.baseline:  # the settings' own ranges, before minutes of loading (layers are checked on the model)
+        build_baseline(args.baseline, **(baseline_args or {}))
     return KeepsightLMM(pretrained=args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
                         mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, steps=args.steps,
                         block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
-                        baseline=args.baseline,
-                        baseline_args=json_settings("--baseline-args", args.baseline_args) or None)
+                        baseline=args.baseline, baseline_args=baseline_args)
 
 
 def generate_parser(ev_sub) -> None:
@@ -146,8 +148,8 @@ def eval_dataset(args):
 
 def run_generate(args) -> int:
     out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm])
+    data = eval_dataset(args)  # the data's problems before the model's loading time
     lmm = load_method(args)
-    data = eval_dataset(args)
     n = min(len(data), args.limit or len(data))
     records = []
     with tqdm(total=n, desc="keepsight eval generate") as bar:
@@ -195,6 +197,8 @@ def score_table(result: dict) -> str:
 def run_score(args) -> int:
     out = check_output_file(args.out or args.pred.with_suffix(".score.json"), "--out", inputs=[args.pred])
     records = read_predictions(args.pred)
+    if not records:
+        raise ValueError(f"--pred {args.pred}: no predictions to score")
     missing = [r.get("id") for r in records if r.get("reference") is None]
     if missing:
         raise ValueError(f"{len(missing)} predictions have no reference (e.g. id {missing[0]!r}): their rows had no "

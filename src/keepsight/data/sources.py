@@ -246,8 +246,8 @@ class HFSource:
         elif {"question", "answer"} <= cols:
             self.layout = "qa"
         else:
-            raise ValueError(f"{self.path}: columns {sorted(cols)}: expected 'messages' (+ 'images'), or 'question' "
-                             "and 'answer' (+ 'image')")
+            raise ValueError(f"{self.path}: columns {sorted(cols)}: expected LLaVA rows ('conversations' + 'image'), "
+                             "'messages' (+ 'images'), or 'question' and 'answer' (+ 'image')")
         self.image_column = next((c for c in ("images", "image") if c in cols), None)
         if self.image_column is not None:  # keep images undecoded: each is opened when its row is read
             self.data = self.data.cast_column(self.image_column, _undecoded(self.data.features[self.image_column]))
