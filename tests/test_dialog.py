@@ -95,3 +95,28 @@ def test_interval_statistics_on_hand_made_cases():
     boot = paired_bootstrap([1, 1, 1, 0], [0, 0, 1, 0])
     assert boot["diff"] == pytest.approx(0.5) and boot["low"] <= 0.5 <= boot["high"] and boot["n"] == 4
     assert paired_bootstrap([1, 1], [1, 1])["low"] == 0.0
+
+
+def test_aggregate_over_seeds_gives_intervals_paired_differences_and_verdicts():
+    from keepsight.experiments.aggregate import aggregate
+    from keepsight.report.seeds import seeds_markdown
+
+    def seed(base_acc, pvm_acc):
+        cmp = {arm: {"yes_no_acc": acc, "history_short_acc": acc, "history_long_acc": acc - 0.1,
+                     "history_drop": 0.1, "object_recall": 0.5, "exact_recall": 0.2, "late_exact_recall": 0.1}
+               for arm, acc in (("base", base_acc), ("pvm_sft", pvm_acc))}
+        hist = {arm: {"history": {"by_length": {"0": {"acc": acc}, "15": {"acc": acc - 0.1}}}}
+                for arm, acc in (("base", base_acc), ("pvm_sft", pvm_acc))}
+        base = {"yes_no": {"overall_acc": base_acc, "categories": {"count": {"acc": 0.55}}}}
+        return {"base": base, "pvm": {"comparison": cmp, "arms": hist}}
+
+    agg = aggregate([seed(0.70, 0.90), seed(0.71, 0.91), seed(0.72, 0.92)])
+    assert agg["n_seeds"] == 3
+    assert agg["base"]["yes_no.overall_acc"]["values"] == [0.70, 0.71, 0.72]
+    assert agg["verdicts"]["pvm"]["pvm_sft"]["yes_no_acc"] == 1  # 0.91 +- 0.025 lies above 0.71 +- 0.025
+    assert agg["verdicts"]["pvm"]["pvm_sft"]["history_drop"] == 0  # equal drops: no verdict
+    md = seeds_markdown(agg)
+    assert "| yes/no, all | 0.710 [0.685, 0.735] | 0.700 / 0.710 / 0.720 |" in md
+    # the per-seed differences are all 0.2: the paired interval has no width
+    assert "| pvm | pvm_sft | yes_no_acc | 0.910 [0.885, 0.935] | base 0.710 [0.685, 0.735] | 0.200 [0.200, 0.200] | higher |" in md
+    assert "| base | 0.710 | 0.610 |" in md and "| pvm_sft | 0.910 | 0.810 |" in md

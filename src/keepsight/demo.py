@@ -228,6 +228,18 @@ def _run_seed(profile: DemoProfile, seed: int, runs_dir: Path, retrain: bool, se
     }
 
 
+def results_markdown(results: dict, runs_dir: Path) -> str:
+    """``results.md``'s tables from ``results.json`` alone (the demo writes it; a saved results.json can be
+    rendered again after a report change without re-running anything)."""
+    summary = summary_markdown(results)
+    for exp_name in EXPERIMENTS:
+        if exp_name in results:
+            summary += "\n" + EXPERIMENTS[exp_name].markdown(results[exp_name])
+    if "aggregate" in results:
+        summary += "\n" + seeds_markdown(results["aggregate"])
+    return summary + "\n" + claims_markdown(claims_table(results, runs_dir))
+
+
 def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: str | None = None,
              retrain: bool = False) -> dict:
     """Run the demo; returns the results dict also written to ``runs/<name>/results.json``. With several seeds
@@ -276,17 +288,13 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     diag_plots = plot_diagnosis(base["diagnosis"], out / "diagnosis", f"base model, {k} objects")
     images = {s.id: png_bytes(im) for s, im in zip(sets.eval.scenes[:6], sets.eval.images[:6])}
     sections = base_sections(results, images, plot) + [diagnosis_section(base["diagnosis"], diag_plots)]
-    summary = summary_markdown(results)
     for exp_name in EXPERIMENTS:
         if exp_name in results:
             sections += EXPERIMENTS[exp_name].report(results[exp_name], out)
-            summary += "\n" + EXPERIMENTS[exp_name].markdown(results[exp_name])
     if "aggregate" in results:
         sections += seeds_sections(results["aggregate"])
-        summary += "\n" + seeds_markdown(results["aggregate"])
-    claims = claims_table(results, runs_dir)
-    sections.append(claims_section(claims))
-    summary += "\n" + claims_markdown(claims)
+    sections.append(claims_section(claims_table(results, runs_dir)))
+    summary = results_markdown(results, runs_dir)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)
     write_text(out / "results.md", f"# keepsight demo ({profile.name} profile)\n\n{summary}\n")
     print(summary, flush=True)

@@ -1,7 +1,10 @@
-"""Report pieces for several base seeds: every aggregated number as mean [95% interval], and the verdicts."""
+"""Report pieces for several base seeds: the base model per seed, every comparison as mean [95% interval] beside
+its reference and the paired difference, accuracy vs history length per arm, and the verdicts."""
 
 from __future__ import annotations
 
+from ..experiments.aggregate import VERDICTS
+from ..metrics import mean_ci
 from .html import table
 
 
@@ -15,37 +18,89 @@ def fmt_ci(ci: dict | None, digits: int = 3) -> str:
 
 
 VERDICT = {1: "higher", -1: "lower", 0: "no verdict (intervals overlap)"}
+BASE_ROWS = [("yes/no, all", "yes_no.overall_acc"),
+             *[(f"yes/no, {c}", f"yes_no.categories.{c}.acc")
+               for c in ("colour", "count", "existence", "position", "scene", "shape")],
+             ("visual question, no history", "history.by_length.0.acc"),
+             ("visual question after 15 turns", "history.by_length.15.acc"),
+             ("drop, 0 -> 15 turns (test-set difference)", "history.drop.diff"),
+             ("object recall", "descriptions.chair.object_recall"),
+             ("Omega_V log-log slope", "diagnosis.slope"), ("TVR plateau", "diagnosis.tvr_plateau")]
 
 
-def _rows(agg: dict, experiment: str) -> list[list]:
-    return [[k, fmt_ci(v), " ".join(f"{x:.3f}" for x in v["values"])] for k, v in sorted(agg.get(experiment, {}).items())]
+def _per_seed(ci: dict | None) -> str:
+    return " / ".join(f"{x:.3f}" for x in (ci or {}).get("values", []))
 
 
-def _verdict_rows(agg: dict) -> list[list]:
+def _paired(a: dict | None, b: dict | None) -> dict | None:
+    """Mean [95% t interval] of the per-seed differences a - b (the arms share each seed's base and data)."""
+    if not a or not b or len(a["values"]) != len(b["values"]) or not a["values"]:
+        return None
+    return mean_ci([x - y for x, y in zip(a["values"], b["values"])])
+
+
+def base_rows(agg: dict) -> list[list]:
+    base = agg.get("base", {})
+    return [[label, fmt_ci(base.get(path)), _per_seed(base.get(path))] for label, path in BASE_ROWS if path in base]
+
+
+def comparison_rows(agg: dict) -> list[list]:
+    """experiment, arm, metric, arm, reference, paired difference, verdict."""
     rows = []
     for experiment, arms in agg.get("verdicts", {}).items():
+        spec = VERDICTS[experiment]
         for arm, metrics in arms.items():
             for metric, v in metrics.items():
-                rows.append([experiment, arm, metric, VERDICT[v]])
+                template = spec["metrics"][metric]
+                a = agg[experiment].get(template.format(arm=arm))
+                b = agg[experiment].get(template.format(arm=spec["ref"]))
+                rows.append([experiment, arm, metric, fmt_ci(a), f"{spec['ref']} {fmt_ci(b)}",
+                             fmt_ci(_paired(a, b)), VERDICT[v]])
     return rows
+
+
+def history_rows(agg: dict, experiment: str = "pvm") -> tuple[list[str], list[list]]:
+    """Accuracy vs history length per arm, mean over the seeds (header, rows)."""
+    data = agg.get(experiment, {})
+    arms = sorted({k.split(".")[1] for k in data if k.startswith("arms.") and ".history.by_length." in k},
+                  key=lambda a: (a != "base", a))
+    lengths = sorted({int(k.split(".")[4]) for k in data if ".history.by_length." in k and k.startswith("arms.")})
+    rows = [[arm] + [fmt_ci(data.get(f"arms.{arm}.history.by_length.{n}.acc"), 3).split(" [")[0] for n in lengths]
+            for arm in arms]
+    return ["arm"] + [f"h = {n}" for n in lengths], rows
+
+
+COMPARE_HEADER = ["experiment", "arm", "metric", "arm: mean [95% interval]", "reference", "paired difference",
+                  "verdict"]
 
 
 def seeds_sections(agg: dict) -> list[tuple[str, str]]:
     n = agg["n_seeds"]
     intro = (f"<p>{n} base seeds (model initialisation and data order), every arm trained and scored on each. "
              "Mean with a 95% t interval over the seeds; a verdict only where two arms' intervals do not "
-             "overlap.</p>")
-    sections = [("Seeds: verdicts", intro + table(["experiment", "arm", "metric", "verdict vs reference"],
-                                                   _verdict_rows(agg)))]
-    for experiment in ("base", "pvm", "bridge"):
-        if experiment in agg:
-            sections.append((f"Seeds: {experiment}", table(["metric", "mean [95% interval]", "per seed"],
-                                                          _rows(agg, experiment))))
+             "overlap; the paired difference is the interval of the per-seed differences.</p>")
+    sections = [("Seeds: base model", intro + table(["metric", "mean [95% interval]", "per seed"], base_rows(agg))),
+                ("Seeds: comparisons", table(COMPARE_HEADER, comparison_rows(agg)))]
+    header, rows = history_rows(agg)
+    if rows:
+        sections.append(("Seeds: accuracy vs history length (mean)", table(header, rows)))
     return sections
 
 
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
+            *["| " + " | ".join(map(str, r)) + " |" for r in rows]]
+
+
 def seeds_markdown(agg: dict) -> str:
-    lines = ["", f"Over {agg['n_seeds']} base seeds (mean [95% interval]); verdicts only where intervals separate:",
-             "", "| experiment | arm | metric | verdict |", "| --- | --- | --- | --- |"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _verdict_rows(agg)]
+    n = agg["n_seeds"]
+    lines = ["", f"Base model over {n} seeds (mean [95% t interval]; per seed):", "",
+             *_md_table(["metric", "mean [95% interval]", "per seed"], base_rows(agg)), "",
+             f"Comparisons over {n} seeds; a verdict only where the two intervals separate (the paired difference "
+             "is the interval of the per-seed differences):", "",
+             *_md_table(COMPARE_HEADER, comparison_rows(agg))]
+    header, rows = history_rows(agg)
+    if rows:
+        lines += ["", f"Visual question accuracy vs turns of history, mean over {n} seeds:", "",
+                  *_md_table(header, rows)]
     return "\n".join(lines)
