@@ -88,12 +88,20 @@ def pvm_markdown(res: dict) -> str:
              "| --- | " + " | ".join("---" for _ in arms) + " |"]
     for label, key in HEADLINE:
         lines.append(f"| {label} | " + " | ".join(fmt(comp[a][key]) for a in arms) + " |")
-    lines += ["", "| layer | gate after SFT | gate after GRPO | rel. norm after SFT | rel. norm after GRPO |",
-              "| --- | --- | --- | --- | --- |"]
+    lines += ["", "Is the branch looking things up? Retrieval entropy (ln M: a uniform mean-pool) and query dependence "
+              "(mean total-variation distance between positions' retrieval distributions), before stage 1 / after "
+              "each stage:", "",
+              "| layer | gate after SFT | gate after GRPO | rel. norm after SFT | rel. norm after GRPO | entropy at init "
+              "| entropy after SFT | entropy after GRPO | ln M | query dep. at init | after SFT | after GRPO |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    init = res["training"]["pvm_sft"]["before"]
     sft, grpo = res["training"]["pvm_sft"]["after"], res["training"]["pvm_grpo"]["after"]
     for layer in sft:
-        lines.append(f"| {layer} | {fmt(sft[layer]['gate_mean'])} | {fmt(grpo[layer]['gate_mean'])} | "
-                     f"{fmt(sft[layer]['relative_norm'])} | {fmt(grpo[layer]['relative_norm'])} |")
+        a, b, c = init[layer], sft[layer], grpo[layer]
+        lines.append(f"| {layer} | {fmt(b['gate_mean'])} | {fmt(c['gate_mean'])} | {fmt(b['relative_norm'])} | "
+                     f"{fmt(c['relative_norm'])} | {fmt(a.get('entropy'))} | {fmt(b.get('entropy'))} | "
+                     f"{fmt(c.get('entropy'))} | {fmt(b.get('max_entropy'))} | {fmt(a.get('query_tv'))} | "
+                     f"{fmt(b.get('query_tv'))} | {fmt(c.get('query_tv'))} |")
     tr = res["training"]
     first, last = tr["pvm_grpo"]["first_reward"] or {}, tr["pvm_grpo"]["last_reward"] or {}
     lines += ["", f"LoRA control: rank {tr['lora']['rank']}, {tr['lora']['lora_parameters']} parameters "
