@@ -56,7 +56,11 @@ def test_zero_strength_is_the_plain_model_greedy_and_sampling(setup, name):
         assert torch.equal(_gen(model, processor, batch).sequences, plain)
         torch.manual_seed(3)
         assert torch.equal(_gen(model, processor, batch, do_sample=True, temperature=1.0).sequences, sampled)
-    assert method.stats()["changed_argmax"] == 0
+    stats = method.stats()
+    if name == "memvr":  # acts inside the forward: no plain logits to compare with, so only the trigger count
+        assert stats["triggered"] == 0 and stats["changed_argmax"] is None and stats["mean_logit_shift"] is None
+    else:
+        assert stats["changed_argmax"] == 0
 
 
 def _prefix_inputs(batch, seq, t):

@@ -58,6 +58,7 @@ class Stats:
     rows: int = 0
     shift_sum: float = 0.0
     extra: dict = field(default_factory=dict)
+    compares_logits: bool = True  # False where the method acts inside the forward (MemVR): no before / after pair
 
     def record(self, before: torch.Tensor, after: torch.Tensor) -> None:
         """``before`` / ``after``: last-position logits [B, V]."""
@@ -69,9 +70,11 @@ class Stats:
         self.shift_sum += float((after - before).abs().where(finite, torch.zeros_like(before)).mean(-1).sum())
 
     def as_dict(self) -> dict:
+        measured = self.compares_logits  # None, not 0, where the logits before the method were never computed
         return {"forwards": self.forwards, "acted": self.acted, "rows": self.rows,
-                "changed_argmax": self.changed_argmax,
-                "mean_logit_shift": self.shift_sum / self.rows if self.rows else 0.0, **self.extra}
+                "changed_argmax": self.changed_argmax if measured else None,
+                "mean_logit_shift": (self.shift_sum / self.rows if self.rows else 0.0) if measured else None,
+                **self.extra}
 
 
 def cache_of(kwargs: dict):

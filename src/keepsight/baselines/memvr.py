@@ -59,6 +59,7 @@ class MemVR(Baseline):
             raise ValueError(f"probe_layer {probe} must come before inject_layer {inject} (the trigger is read first)")
         state: dict = {"ids": None, "memory": None, "fire": None, "after": None}
         self._stats.extra.update(triggered=0, positions=0, inject_layer=inject, probe_layer=probe)
+        self._stats.compares_logits = False  # the memory enters the FFN: the plain logits are never computed
 
         def grab_ids(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
