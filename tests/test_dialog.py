@@ -120,3 +120,20 @@ def test_aggregate_over_seeds_gives_intervals_paired_differences_and_verdicts():
     # the per-seed differences are all 0.2: the paired interval has no width
     assert "| pvm | pvm_sft | yes_no_acc | 0.910 [0.885, 0.935] | base 0.710 [0.685, 0.735] | 0.200 [0.200, 0.200] | higher |" in md
     assert "| base | 0.710 | 0.610 |" in md and "| pvm_sft | 0.910 | 0.810 |" in md
+
+
+def test_diffusion_claims_need_a_model_that_describes():
+    from keepsight.report.claims import _diffusion_claims
+
+    def row(steps, method, recall, rep, share):
+        return {"steps": steps, "method": method, "object_recall": recall, "repetition_ratio": rep,
+                "repeats_in_mask_top10": share, "distinct_2": 0.03, "chair_i": 0.0}
+
+    methods = ("none", "mps", "mrs", "both")
+    degenerate = {"grid": [row(t, m, 0.0, 0.6, 0.9) for t in (4, 64) for m in methods]}
+    rows = _diffusion_claims(degenerate, "diffusion")
+    assert rows and all(r["verdict"] == "not testable" for r in rows)
+    assert "does not describe (object recall 0.000 at T = 64)" in rows[0]["ours"]
+    describing = {"grid": [row(t, m, 0.5, 0.2 if t == 4 else 0.01, 0.97) for t in (4, 64) for m in methods]}
+    verdicts = {r["claim"].split(":")[0]: r["verdict"] for r in _diffusion_claims(describing, "diffusion")}
+    assert verdicts["MPS/MRS"] == "reproduced" and verdicts["MPS"] == "reproduced"

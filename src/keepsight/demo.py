@@ -142,6 +142,9 @@ PROFILES = {
     # samplers; the seed-0 base is shared with the other profiles (its vision tower is the VLM's)
     "diffusion": DemoProfile(name="diffusion", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                              diffusion=DiffusionExperiment(
+                                 # 8 layers at the 4-layer model's lr 2e-3 stalled at loss ~3 for 1,200 steps (grad
+                                 # spikes to 19) and ended at 2.37 with no description learned (recall 0.000)
+                                 train=DiffusionTrainConfig(steps=4000, lr=1e-3),
                                  tasks=("describe_varied",), text_layers=8, steps_grid=(4, 8, 16, 32, 64),
                                  sweeps={"lam": [0.05, 0.1, 0.3, 0.5, 1.0], "k": [1, 2, 3, 5],
                                          "prior": ["vocab_mean", "topk", "random"], "center": [False, True],
