@@ -91,3 +91,44 @@ def test_train_diffusion_writes_a_loadable_model_and_resumes(base_dir, samples, 
         train_diffusion(lambda: llada_v_init(tmp_path, cfg.seed), data, tmp_path / "x", cfg, progress=False)
     with pytest.raises(ValueError, match="eps must be in"):
         DiffusionTrainConfig(eps=0.0)
+
+
+def test_curriculum_fine_tunes_the_first_stage_model_on_the_second_tasks(base_dir, samples):
+    """DiffusionExperiment.finetune: the first stage's model (cached by its own key) is trained further on
+    ``finetune_tasks``; the experiment evaluates the fine-tuned model and reports both stages."""
+    from safetensors.torch import load_file
+
+    from keepsight.experiments.arm import ExperimentContext
+    from keepsight.experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
+
+    small = dict(batch_size=2, save_every=1000, answer_length=16)
+    exp = DiffusionExperiment(train=DiffusionTrainConfig(steps=2, **small), tasks=("describe",),
+                              finetune=DiffusionTrainConfig(steps=2, seed=1, **small), n_scenes=2, n_objects=2,
+                              steps_grid=(4,), sweep_steps=4, sweeps={}, samplers={"plain": {}}, sampler_block=16,
+                              attention_betas=())
+    assert exp.varied  # scored with the varied phrasings: the second stage's texts
+    logs = []
+    ctx = ExperimentContext(base_dir, None, samples.config, None, None, lambda: samples, logs.append)
+    res = run_diffusion_experiment(exp, ctx)
+    tuned = base_dir.parent / f"{base_dir.name}-diffusion"
+    dirs = sorted(p for p in tuned.iterdir() if p.is_dir())
+    assert len(dirs) == 2 and res["model_dir"] in map(str, dirs)
+    first = next(p for p in dirs if str(p) != res["model_dir"])
+    summary = json.loads((tuned / res["model_dir"].split("/")[-1] / "diffusion_train.json").read_text())
+    assert summary["base"] == str(first)  # trained from the first stage's model, not from the base
+    assert res["training"]["first_stage"]["train"]["steps"] == 2 and res["training"]["train"]["seed"] == 1
+    a, b = load_file(first / "model.safetensors"), load_file(tuned / res["model_dir"].split("/")[-1] / "model.safetensors")
+    lm = [k for k in a if "language_model" in k]
+    assert any(not torch.equal(a[k], b[k]) for k in lm)  # the second stage trained the language model
+    assert all(torch.equal(a[k], b[k]) for k in a if "vision_tower" in k)  # and left the vision tower
+    assert any("fine-tuned on ['describe_varied']" in m for m in logs)
+
+
+def test_diffusion_experiment_rejects_a_curriculum_with_another_window_and_a_bad_block():
+    from keepsight.experiments.diffusion import DiffusionExperiment
+
+    with pytest.raises(ValueError, match="finetune.answer_length"):
+        DiffusionExperiment(finetune=DiffusionTrainConfig(answer_length=32))
+    with pytest.raises(ValueError, match="block_length 24 must divide answer_length 64"):
+        DiffusionExperiment(block_length=24)
+    assert DiffusionExperiment(block_length=16).block_length == 16

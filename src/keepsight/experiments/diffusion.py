@@ -61,6 +61,10 @@ class DiffusionExperiment:
     # ("describe_varied": many right answers per scene, the regime where parallel decoding repeats)
     text_layers: int | None = None  # the diffusion LM's depth (None: the base preset's; MPS's k = 3 needs > 4)
     describe_repeats: int = 1  # repeats of each description among the training items
+    # a curriculum: the model trained on ``tasks`` is then fine-tuned with ``finetune`` on ``finetune_tasks`` (its
+    # seed also draws the varied texts anew); None: one stage
+    finetune: DiffusionTrainConfig | None = None
+    finetune_tasks: tuple[str, ...] = ("describe_varied",)
     mps: dict = field(default_factory=MPSConfig.paper_defaults)
     mrs: dict = field(default_factory=MRSConfig.paper_defaults)
     sweeps: dict = field(default_factory=lambda: {
@@ -72,13 +76,24 @@ class DiffusionExperiment:
         "plain": {}, "prefix": {"cache": "prefix"}, "dual": {"cache": "dual"},
         "dual+threshold 0.9": {"cache": "dual", "threshold": 0.9}})
     sampler_block: int = 16
+    # the block length of every other run (the grid, sweeps, prior cosine, attention): None samples the whole
+    # window at once; a block is LLaDA's semi-autoregressive remasking, which a model trained with eos-filled
+    # windows needs (over the whole window it commits eos early and stops after the header)
+    block_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.finetune is not None and self.finetune.answer_length != self.train.answer_length:
+            raise ValueError(f"finetune.answer_length ({self.finetune.answer_length}) must equal train.answer_length "
+                             f"({self.train.answer_length}): both stages train the same window")
+        if self.block_length is not None and (self.block_length < 1 or self.train.answer_length % self.block_length):
+            raise ValueError(f"block_length {self.block_length} must divide answer_length {self.train.answer_length}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
     def varied(self) -> bool:
-        return "describe_varied" in self.tasks
+        return "describe_varied" in self.tasks + (self.finetune_tasks if self.finetune else ())
 
 
 MPS_SWEEP = ("lam", "k", "prior", "center", "layers")  # sweep parameters that set MPS (the rest set MRS)
@@ -95,8 +110,10 @@ def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
 
 
 class _Runner:
-    def __init__(self, model, processor, samples: WorldSamples, gen_length: int, varied: bool = False):
+    def __init__(self, model, processor, samples: WorldSamples, gen_length: int, varied: bool = False,
+                 block_length: int | None = None):
         self.model, self.processor, self.samples, self.gen_length = model, processor, samples, gen_length
+        self.block = {} if block_length is None else {"block_length": block_length}  # runs that name no sampler
         self.varied = varied  # descriptions read with the varied phrasings
         tok = processor.tokenizer
         enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * len(samples), images=samples.images,
@@ -126,7 +143,8 @@ class _Runner:
             t0 = time.perf_counter()
             out = generate(self.model, self.enc["input_ids"], self.enc["attention_mask"], self.enc["pixel_values"],
                            gen_length=self.gen_length, steps=steps, suppress_token_ids=self.suppress,
-                           generator=torch.Generator().manual_seed(0), callback=callback, **(sampler or {}))
+                           generator=torch.Generator().manual_seed(0), callback=callback,
+                           **(self.block if sampler is None else sampler))
             seconds = time.perf_counter() - t0
         texts = _decode(self.processor.tokenizer, out.generated)
         gen = out.generated.tolist()
@@ -206,8 +224,18 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
     data = VLMDataset(train, exp.tasks, exp.train.seed, describe_repeats=exp.describe_repeats)
     summary = train_diffusion(lambda: llada_v_init(base_dir, exp.train.seed, exp.text_layers), data, model_dir,
                               exp.train, progress=False, source=str(base_dir))
+    if exp.finetune is not None:
+        spec["finetune"] = {**asdict(exp.finetune), "tasks": list(exp.finetune_tasks)}
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+        stage1, model_dir = model_dir, Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
+        log(f"  fine-tuned on {list(exp.finetune_tasks)} ({exp.finetune.steps} steps) -> {model_dir}")
+        data = VLMDataset(train, exp.finetune_tasks, exp.finetune.seed, describe_repeats=exp.describe_repeats)
+        first = summary
+        summary = train_diffusion(lambda: load_checkpoint(stage1, dtype=None, device="cpu", expect="diffusion"), data,
+                                  model_dir, exp.finetune, progress=False, source=str(stage1))
+        summary = {**summary, "first_stage": {k: v for k, v in first.items() if k != "log_history"}}
     model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
-    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length, exp.varied)
+    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length, exp.varied, exp.block_length)
     grid = []
     for steps in exp.steps_grid:
         for name in ("none", "mps", "mrs", "both", "ntk", "yarn"):

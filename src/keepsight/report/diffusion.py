@@ -113,13 +113,29 @@ def _attention_sections(res: dict, plot: Path | None) -> list[tuple[str, str]]:
     return sections
 
 
+def _window(cfg: dict) -> str:
+    """The sampling window: its length, and the block length where the runs sample block by block."""
+    n, block = cfg["train"]["answer_length"], cfg.get("block_length")
+    return f"{n}-token descriptions" + (f", sampled in blocks of {block}" if block else "")
+
+
+def _stages(tr: dict, cfg: dict) -> str:
+    """How the diffusion model was trained: "N steps", or both stages of a curriculum."""
+    if "first_stage" not in tr:
+        return f"{tr['train']['steps']} steps"
+    first = tr["first_stage"]
+    return (f"{first['train']['steps']} steps on {'+'.join(cfg['tasks'])} (loss {fmt(first['first_loss'])} -> "
+            f"{fmt(first['last_loss'])}), then fine-tuned {tr['train']['steps']} steps on "
+            f"{'+'.join(cfg['finetune_tasks'])}")
+
+
 def diffusion_sections(res: dict, attention_plot: Path | None = None) -> list[tuple[str, str]]:
     tr, cfg = res["training"], res["config"]
     cos = res["prior_cosine"]
     intro = (f"<p>A tiny LLaDA-V-style VLM (LLaVA with a bidirectional Llada language model; the world base's "
-             f"vision tower) trained {tr['train']['steps']} steps with the masked-diffusion objective (loss "
+             f"vision tower) trained {_stages(tr, cfg)} with the masked-diffusion objective (loss "
              f"{fmt(tr['first_loss'])} -> {fmt(tr['last_loss'])}), describing {cfg['n_scenes']} held-out scenes "
-             f"with {cfg['n_objects']} objects in {tr['train']['answer_length']}-token windows. MPS: "
+             f"with {cfg['n_objects']} objects ({_window(cfg)}). MPS: "
              f"{cfg['mps']}; MRS: {cfg['mrs']}; NTK / YaRN with factor 2 in place of MRS. The uncontextualised "
              f"mask token's top-10: <code>{fmt(' '.join(res['mask_prior_top10']))}</code>. The paper: over 95% "
              f"of repeats are mask-prior tokens at few steps; both fixes raise distinct-n and lower CHAIR.</p>")
@@ -142,10 +158,17 @@ def diffusion_sections(res: dict, attention_plot: Path | None = None) -> list[tu
 
 
 def diffusion_markdown(res: dict) -> str:
-    lines = ["", "Diffusion experiment (64-token descriptions, LLaDA-style sampler):", "",
+    cfg = res["config"]
+    lines = ["", f"Diffusion experiment ({_window(cfg)}, LLaDA-style sampler):", "",
              "| T | method | " + " | ".join(c for c, _ in COLUMNS) + " |",
              "| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
     lines += [f"| {r[0]} | {r[1]} | " + " | ".join(fmt(x) for x in r[2:]) + " |" for r in _grid_rows(res)]
+    if res.get("sweeps"):
+        header = ["parameter", "value"] + [c for c, _ in COLUMNS[:-1]]
+        lines += ["", f"Sweeps at T = {cfg['sweep_steps']} (MPS parameters with MPS on, the rest with MRS on):", "",
+                  "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+        lines += ["| " + " | ".join(fmt(x) for x in [s["param"], s["value"]] + [s[k] for _, k in COLUMNS[:-1]]) + " |"
+                  for s in res["sweeps"]]
     if res.get("fast"):
         lines += ["", f"Fast samplers (block {res['config'].get('sampler_block')}):", "",
                   "| " + " | ".join(FAST_HEADER) + " |", "| " + " | ".join("---" for _ in FAST_HEADER) + " |"]
