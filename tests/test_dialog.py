@@ -133,7 +133,7 @@ def test_diffusion_claims_need_a_model_that_describes():
     weak = {"grid": [row(t, m, 0.0, (0.2 if m == "mps" else 0.3) if t == 4 else 0.02, 0.97)
                      for t in (4, 64) for m in methods]}
     rows = {r["claim"]: r for r in _diffusion_claims(weak, "diffusion")}
-    rising = rows["MPS/MRS: repetition rises as the steps T fall (plain sampler)"]
+    rising = rows["MPS/MRS: repetition rises as the steps T fall (no fix)"]
     assert rising["verdict"] == "partly (the model describes poorly: object recall 0.000 at T = 64)"
     assert rows["MPS (papers' settings) lowers repetition at few steps"]["verdict"].startswith("partly (one seed")
     assert rows["MRS (papers' settings) lowers repetition at few steps"]["verdict"] == "not reproduced (no change)"
@@ -141,3 +141,34 @@ def test_diffusion_claims_need_a_model_that_describes():
     describing = {"grid": [row(t, m, 0.5, 0.2 if t == 4 else 0.01, 0.97) for t in (4, 64) for m in methods]}
     verdicts = {r["claim"].split(":")[0]: r["verdict"] for r in _diffusion_claims(describing, "diffusion")}
     assert verdicts["MPS/MRS"] == "reproduced" and verdicts["MPS"] == "reproduced"
+
+
+def test_diffusion_fix_claims_are_read_at_the_fewest_steps_that_still_describe():
+    from keepsight.report.claims import DESCRIBES, _diffusion_claims
+
+    recall = {4: 0.0, 16: DESCRIBES / 2, 32: DESCRIBES + 0.05, 64: 0.2}  # describes from T = 32 on
+
+    def row(steps, method):
+        better = method in ("mps", "both") and steps == 32  # MPS helps only at T = 32
+        return {"steps": steps, "method": method, "object_recall": recall[steps], "repeats_in_mask_top10": 0.9,
+                "repetition_ratio": 0.3 if steps == 4 else 0.05, "distinct_2": 0.2 if better else 0.1,
+                "chair_i": 0.1}
+
+    res = {"grid": [row(t, m) for t in recall for m in ("none", "mps", "mrs", "both")]}
+    rows = {r["claim"]: r for r in _diffusion_claims(res, "diffusion")}
+    rising = rows["MPS/MRS: repetition rises as the steps T fall (no fix)"]
+    assert rising["verdict"] == "reproduced" and "0.050 at T = 32, the fewest steps with recall" in rising["ours"]
+    mps = rows["MPS (papers' settings) raises distinct-n and lowers CHAIR at few steps"]
+    assert "(T = 32, one seed)" in mps["ours"] and mps["verdict"] == "reproduced (one seed)"
+    mrs = rows["MRS (papers' settings) raises distinct-n and lowers CHAIR at few steps"]
+    assert mrs["verdict"] == "not reproduced (no change)"
+
+
+def test_claims_name_the_profile_that_produced_them():
+    from keepsight.report.claims import claims_table
+
+    res = {"profile": "extended", "base": {"diagnosis": {"slope": -0.5, "tvr_plateau": 7.0}}}
+    demo = [r["command"] for r in claims_table(res) if not r["command"].startswith("pytest")]
+    assert len(demo) == 2 and set(demo) == {"keepsight demo --profile extended"}
+    full = {r["command"] for r in claims_table({**res, "profile": "full"}) if not r["command"].startswith("pytest")}
+    assert full == {"keepsight demo"}

@@ -46,30 +46,35 @@ def _bench(runs_dir: Path | None, name: str) -> dict | None:
         return None
 
 
+def profile_command(profile: str | None) -> str:
+    """The command that runs a demo profile (the default profile: plain ``keepsight demo``)."""
+    return DEMO if profile in (None, "full") else f"{DEMO} --profile {profile}"
+
+
 def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict]:
     """Rows ``{"claim", "paper", "ours", "verdict", "command"}`` from a demo's results (and the benchmarks' JSON
     under ``runs_dir/bench`` when they were run)."""
     rows = []
-    seeds = f"{DEMO} --profile seeds" if results.get("aggregate") else DEMO
+    command = profile_command(results.get("profile"))  # the run these rows come from
     diag = _get(results, "base", "diagnosis") or {}
     slope, plateau = diag.get("slope"), diag.get("tvr_plateau")
     if slope is not None:
         verdict = ("reproduced" if -1.25 <= slope <= -0.75 else "partly (it falls, less steeply)" if slope < -0.2
                    else "not reproduced")
         rows.append({"claim": "PVM: visual attention mass falls like 1/t (log-log slope about -1)", "paper": "-1",
-                     "ours": fmt(slope), "verdict": verdict, "command": DEMO})
+                     "ours": fmt(slope), "verdict": verdict, "command": command})
     if plateau is not None:
         verdict = ("reproduced" if 50 <= plateau <= 200 else "partly (a plateau, lower)" if plateau >= 10
                    else "not reproduced")
         rows.append({"claim": "PVM: text-to-vision ratio plateaus near 1e2", "paper": "~100", "ours": fmt(plateau, 1),
-                     "verdict": verdict, "command": DEMO})
+                     "verdict": verdict, "command": command})
     by_layer = diag.get("slope_by_layer") or []
     if by_layer and None not in by_layer:
         steepest = min(range(len(by_layer)), key=lambda i: by_layer[i])
         middle = 0 < steepest < len(by_layer) - 1
         rows.append({"claim": "PVM: dilution is strongest in middle layers", "paper": "middle layers",
                      "ours": f"layer {steepest} of {len(by_layer)}", "verdict": "reproduced" if middle else "not reproduced",
-                     "command": DEMO})
+                     "command": command})
     drop = _get(results, "base", "history", "drop")
     if drop and drop.get("diff") is not None:
         lengths = results["base"]["history"]["lengths"]
@@ -80,7 +85,7 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
         rows.append({"claim": f"Premise: a visual answer degrades as text history grows (accuracy at h = {lengths[0]} "
                               f"minus h = {lengths[-1]} turns)", "paper": "implied (short vs long answers)",
                      "ours": ours, "verdict": "reproduced" if sig else "not reproduced (no significant drop)",
-                     "command": seeds})
+                     "command": command})
     if "pvm" in results:
         paper = results["pvm"]["paper"]
         for metric, label, number in (("history_short_acc", "short answers", f"+{100 * paper['short_rel']:.1f}%"),
@@ -89,14 +94,14 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
             ours, verdict = _compare(results, "pvm", "pvm_grpo", metric, ["comparison", "pvm_grpo", metric])
             base_ours = _compare(results, "pvm", "base", metric, ["comparison", "base", metric])[0]
             rows.append({"claim": f"PVM (SFT + GRPO) improves {label} over the base", "paper": number,
-                         "ours": f"{ours} vs base {base_ours}", "verdict": verdict, "command": seeds})
+                         "ours": f"{ours} vs base {base_ours}", "verdict": verdict, "command": command})
         base_conv = _get(results, "pvm", "comparison", "base", "logitlens_convergence_layer")
         pvm_conv = _get(results, "pvm", "comparison", "pvm_grpo", "logitlens_convergence_layer")
         if base_conv is not None and pvm_conv is not None:
             rows.append({"claim": "PVM: intermediate layers converge earlier to the final prediction (LogitLens)",
                          "paper": "earlier", "ours": f"{fmt(pvm_conv)} vs base {fmt(base_conv)} (mean layer)",
                          "verdict": "reproduced" if pvm_conv < base_conv - 0.05 else "not reproduced",
-                         "command": DEMO})
+                         "command": command})
     rows.append({"claim": "PVM adds about 0.32% parameters to Qwen3-VL-8B (3 layers, d' = 1024)", "paper": "0.32%",
                  "ours": "0.29% (25.2M)", "verdict": "reproduced",
                  "command": "pytest -s tests/test_pvm.py -k overhead"})
@@ -115,14 +120,14 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
                 mlp_path = [p if p != lia else "mlp_phase2" for p in path]
                 mlp = _compare(results, "bridge", "mlp_phase2", metric, mlp_path)[0]
                 rows.append({"claim": f"LIA-MTR beats the MLP projector {label}", "paper": number,
-                             "ours": f"{ours} vs MLP {mlp}", "verdict": verdict, "command": seeds})
+                             "ours": f"{ours} vs MLP {mlp}", "verdict": verdict, "command": command})
             gate = _get(results, "bridge", "write_gate", lia)
             if gate:
                 near = abs(gate["gate_mean"] - 0.5053) < 0.05 and gate["gate_std"] < 0.1
                 rows.append({"claim": "LIA-MTR's write gate: mean 0.5053, std 0.0444", "paper": "0.5053 / 0.0444",
                              "ours": f"{gate['gate_mean']:.4f} / {gate['gate_std']:.4f}",
                              "verdict": "reproduced" if near else "partly (mean near 0.5, spread wider)"
-                             if abs(gate["gate_mean"] - 0.5053) < 0.05 else "not reproduced", "command": DEMO})
+                             if abs(gate["gate_mean"] - 0.5053) < 0.05 else "not reproduced", "command": command})
     if "diffusion" in results:
         rows += _diffusion_claims(results["diffusion"], results.get("profile"))
     runs_dir = Path(runs_dir) if runs_dir is not None else None
@@ -152,7 +157,7 @@ DESCRIBES = 0.1  # object recall at the most steps below which a diffusion model
 
 def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
     """The MPS / MRS paper's claims against the diffusion experiment's grid (and the fast sampler's goal)."""
-    command = DEMO if profile in (None, "full") else f"{DEMO} --profile {profile}"
+    command = profile_command(profile)
     grid = {(r["steps"], r["method"]): r for r in res["grid"]}
     steps = sorted({t for t, _ in grid})
     few, many = steps[0], steps[-1]
@@ -163,8 +168,13 @@ def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
     rep_few, rep_many = grid[(few, "none")]["repetition_ratio"], grid[(many, "none")]["repetition_ratio"]
     verdict = ("not reproduced (no repetition regime)" if rep_few < 0.01 else
                "not reproduced" if rep_few <= rep_many + 0.01 else "reproduced" if describes else f"partly ({poorly})")
-    rows.append({"claim": "MPS/MRS: repetition rises as the steps T fall (plain sampler)",
-                 "paper": "rises at few steps", "ours": f"{rep_few:.3f} at T = {few} vs {rep_many:.3f} at T = {many}",
+    # the fewest steps at which the model still describes: where the fixes' effect on CHAIR / distinct-n is read
+    t_fix = min((t for t in steps if grid[(t, "none")]["object_recall"] >= DESCRIBES), default=few)
+    rep_fix = grid[(t_fix, "none")]["repetition_ratio"]
+    at_fix = f"; {rep_fix:.3f} at T = {t_fix}, the fewest steps with recall >= {DESCRIBES}" if describes and t_fix != few else ""
+    rows.append({"claim": "MPS/MRS: repetition rises as the steps T fall (no fix)",
+                 "paper": "rises at few steps",
+                 "ours": f"{rep_few:.3f} at T = {few} vs {rep_many:.3f} at T = {many}{at_fix}",
                  "verdict": verdict, "command": command})
     share = grid[(few, "none")]["repeats_in_mask_top10"]
     verdict = ("not testable (no repeats)" if share is None else "reproduced" if share > 0.95 and describes
@@ -173,17 +183,19 @@ def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
                  "ours": "no repeats" if share is None else f"{100 * share:.0f}% at T = {few}",
                  "verdict": verdict if describes or share is None else f"{verdict} ({poorly})", "command": command})
     for method, label in (("mps", "MPS"), ("mrs", "MRS"), ("both", "MPS + MRS")):
-        a, b = grid[(few, "none")], grid[(few, method)]
         if describes:
+            a, b = grid[(t_fix, "none")], grid[(t_fix, method)]
             better = b["distinct_2"] > a["distinct_2"] + 0.005 and b["chair_i"] <= a["chair_i"] + 1e-9
             worse = b["distinct_2"] < a["distinct_2"] - 0.005 or b["chair_i"] > a["chair_i"] + 0.005
             rows.append({"claim": f"{label} (papers' settings) raises distinct-n and lowers CHAIR at few steps",
                          "paper": "higher distinct-2, lower CHAIR",
                          "ours": f"distinct-2 {a['distinct_2']:.3f} -> {b['distinct_2']:.3f}, CHAIRi "
-                                 f"{a['chair_i']:.3f} -> {b['chair_i']:.3f} (T = {few}, one seed)",
+                                 f"{a['chair_i']:.3f} -> {b['chair_i']:.3f}, repetition {a['repetition_ratio']:.3f} "
+                                 f"-> {b['repetition_ratio']:.3f} (T = {t_fix}, one seed)",
                          "verdict": "reproduced (one seed)" if better else "not reproduced (worse)" if worse
                          else "not reproduced (no change)", "command": command})
         else:  # only the repetition claim can be read
+            a, b = grid[(few, "none")], grid[(few, method)]
             ra, rb = a["repetition_ratio"], b["repetition_ratio"]
             rows.append({"claim": f"{label} (papers' settings) lowers repetition at few steps",
                          "paper": "less repetition", "ours": f"repetition {ra:.3f} -> {rb:.3f} (T = {few}, one seed)",
