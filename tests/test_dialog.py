@@ -62,6 +62,19 @@ def test_chat_task_in_the_instruct_mix(samples):
     assert chats[0].messages[0]["content"][0] == {"type": "image"}  # the image comes with the first question
 
 
+def test_count_task_adds_four_count_items_per_scene_and_leaves_other_mixes_alone(samples):
+    plain = VLMDataset(samples, ("yes_no", "open"), seed=0)
+    data = VLMDataset(samples, ("yes_no", "open", "count_yes_no"), seed=0)
+    assert len(data) == len(plain) + 4 * len(samples)
+    n_count = sum(c == "count" for c in data.categories) - sum(c == "count" for c in plain.categories)
+    assert n_count == 4 * len(samples)
+    answers = [a for (_, _, a), c in zip(data.items, data.categories) if c == "count"]
+    assert answers.count("yes") == answers.count("no")
+    # the other tasks' items and their order are unchanged by adding the task
+    assert [it for it, c in zip(data.items, data.categories) if c != "count"] == \
+        [it for it, c in zip(plain.items, plain.categories) if c != "count"]
+
+
 def test_history_scoring_counts_what_the_model_answers(samples, processor):
     model = build_model("tiny-llava", processor.tokenizer).eval()
     res = evaluate_history(model, processor, samples, lengths=(0, 2), batch_size=4)

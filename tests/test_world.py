@@ -11,6 +11,7 @@ from keepsight.world.texts import (
     YES_NO_CATEGORIES,
     caption,
     cell_questions,
+    count_questions,
     open_questions,
     place,
     yes_no_questions,
@@ -113,6 +114,24 @@ def test_yes_no_questions_are_true_and_balanced():
         assert [q["answer"] for q in qs] == ["yes", "no"] * len(YES_NO_CATEGORIES)
         for q in qs:
             assert _truth(s, q["question"]) == q["answer"], (q, s.to_dict())
+
+
+def test_count_questions_are_true_balanced_and_turn_on_the_number():
+    cfg = world_config()
+    near_seen = set()
+    for s in generate(cfg, 150, seed=2):
+        qs = count_questions(s, cfg)
+        assert count_questions(s, cfg) == qs  # deterministic per scene
+        assert [q["answer"] for q in qs] == ["yes", "no", "yes", "no"]
+        assert {q["category"] for q in qs} == {"count"}
+        for q in qs:
+            assert _truth(s, q["question"]) == q["answer"], (q, s.to_dict())
+        n = len(s.objects)
+        numbers = [parse_description(f"there are {q['question'].split()[2]} objects").count for q in qs]
+        assert numbers[0] == numbers[2] == n and all(1 <= m <= cfg.max_objects for m in numbers)
+        assert abs(numbers[1] - n) == 1  # the near miss
+        near_seen.add(numbers[1] - n)
+    assert near_seen == {-1, 1}
 
 
 def test_open_answers_match_scene_graph():

@@ -21,6 +21,7 @@ from .texts import (
     DESCRIBE_PROMPT,
     caption,
     cell_questions,
+    count_questions,
     description,
     open_questions,
     varied_description,
@@ -142,11 +143,13 @@ class VLMDataset(torch.utils.data.Dataset):
     "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories drawn per scene),
     "open" (one), "cells" (four "what is at b3 ?" grounding questions), "chat" (one conversation of 2 ..
     ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``),
-    "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``).
+    "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
+    "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
+    ``texts.count_questions``).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
-    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied")
+    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
@@ -187,6 +190,10 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.chats[len(self.items)] = turns
                 self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
                 self.categories.append("chat")
+            if "count_yes_no" in mix:
+                qs = count_questions(s, samples.config)
+                self.items += [(i, q["question"], q["answer"]) for q in qs]
+                self.categories += ["count"] * len(qs)
             if "describe_varied" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(describe_repeats)]
                 self.categories += ["describe_varied"] * describe_repeats

@@ -119,6 +119,20 @@ def yes_no_questions(scene: Scene, config: WorldConfig) -> list[dict]:
     return out
 
 
+def count_questions(scene: Scene, config: WorldConfig) -> list[dict]:
+    """Training items for comparing a count with the number in the question (the yes/no count category's
+    failure: the model answered both of an image's count questions alike while its open count was right):
+    "are there n objects ?" twice ("yes") against two "no"s, one a near miss (n - 1 or n + 1) and one any other
+    number, so the answer turns on the number word alone. Not an evaluation set (``yes_no_questions`` is)."""
+    rng = np.random.default_rng([scene.seed, scene.index, 5])
+    n, top = len(scene.objects), config.max_objects
+    near = _pick(rng, [m for m in (n - 1, n + 1) if 1 <= m <= top])
+    other = _pick(rng, [m for m in range(1, top + 1) if m not in (n, near)] or [near])
+    yes = {"category": "count", "question": f"are there {number_word(n)} objects ?", "answer": "yes"}
+    return [yes, {"category": "count", "question": f"are there {number_word(near)} objects ?", "answer": "no"},
+            dict(yes), {"category": "count", "question": f"are there {number_word(other)} objects ?", "answer": "no"}]
+
+
 def open_questions(scene: Scene) -> list[dict]:
     """Short open questions whose exact answers serve as verifiable rewards."""
     rng = np.random.default_rng([scene.seed, scene.index, 3])
