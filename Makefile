@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# the exact package versions the published results were made with (README, Reproducibility); CONSTRAINTS= for the newest
+CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keepsight-installed
 DEMO_ARGS ?=
@@ -13,13 +15,13 @@ LMMS_TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 LMMS_PY := $(LMMS_VENV)/bin/python
 LMMS_STAMP := $(LMMS_VENV)/.keepsight-installed
 
-.PHONY: install demo smoke test test-all test-lmms lint clean
+.PHONY: install demo smoke reproduce test test-all test-lmms lint clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[train,dev]"
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[train,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +31,10 @@ demo: $(STAMP)
 
 smoke: $(STAMP)
 	$(VENV)/bin/keepsight demo --smoke $(DEMO_ARGS)
+
+# the default profile from nothing in a temporary directory, compared number by number with docs/results/full.md
+reproduce: $(STAMP)
+	$(VENV)/bin/keepsight demo --reproduce $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(TEST_ARGS)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import check_output_dir, mark, write_json, write_text
+from .determinism import DEFAULT_THREADS, SOURCE_ROOT, configured, provenance, source_digest
 from .experiments.aggregate import aggregate
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
 from .experiments.baselines import ARMS as BASELINE_ARMS
@@ -30,6 +32,7 @@ from .report.base import base_sections, diagnosis_section
 from .report.baselines import baselines_markdown, baselines_report
 from .report.bridge import bridge_markdown, bridge_report
 from .report.claims import claims_markdown, claims_section, claims_table
+from .report.compare import moved_numbers
 from .report.diffusion import diffusion_markdown, diffusion_report
 from .report.html import write_report
 from .report.plots import plot_accuracy_by_index, plot_diagnosis
@@ -182,13 +185,14 @@ PROFILES = {
 }
 
 
-def cache_key(profile: DemoProfile, seed: int | None = None) -> str:
-    """Hash of everything that determines a trained base model (world, data, training, version); ``seed``: the
-    base's model seed (default: the profile's first)."""
+def cache_key(profile: DemoProfile, seed: int | None = None, environment: dict | None = None) -> str:
+    """Hash of everything that determines a trained base model (world, data, training, version, and the
+    environment its bits depend on: ``keepsight.determinism.environment()``); ``seed``: the base's model seed
+    (default: the profile's first). Every cache of an experiment lives beside its base's, under this key."""
     train = profile.train if seed is None else dataclasses.replace(profile.train, seed=seed)
     blob = json.dumps(
         {"world": profile.world.to_dict(), "n_train": profile.n_train, "seed": TRAIN_SEED,
-         "train": train.to_dict(), "keepsight": __version__},
+         "train": train.to_dict(), "keepsight": __version__, "environment": environment},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -206,11 +210,12 @@ def _eval_sets(profile: DemoProfile) -> EvalSets:
     return EvalSets(eval_set, dil_set, WorldSamples(cfg, dil_set.scenes[:32], dil_set.images[:32]))
 
 
-def _run_seed(profile: DemoProfile, seed: int, runs_dir: Path, retrain: bool, sets: EvalSets, scenes) -> dict:
+def _run_seed(profile: DemoProfile, seed: int, runs_dir: Path, retrain: bool, sets: EvalSets, scenes,
+              environment: dict) -> dict:
     """One base (trained or reused from the cache) and every experiment of the profile on it."""
     t0 = time.time()
     train_cfg = dataclasses.replace(profile.train, seed=seed)
-    model_dir = runs_dir / "cache" / f"base-{cache_key(profile, seed)}"
+    model_dir = runs_dir / "cache" / f"base-{cache_key(profile, seed, environment)}"
     if retrain and model_dir.exists():
         shutil.rmtree(model_dir)
     timings: dict[str, float] = {}
@@ -251,7 +256,8 @@ def _run_seed(profile: DemoProfile, seed: int, runs_dir: Path, retrain: bool, se
 def results_markdown(results: dict, runs_dir: Path) -> str:
     """``results.md``'s tables from ``results.json`` alone (the demo writes it; a saved results.json can be
     rendered again after a report change without re-running anything)."""
-    summary = summary_markdown(results)
+    head = provenance_markdown(results)
+    summary = (head + "\n" if head else "") + summary_markdown(results)
     for exp_name in EXPERIMENTS:
         if exp_name in results:
             summary += "\n" + EXPERIMENTS[exp_name].markdown(results[exp_name])
@@ -260,11 +266,68 @@ def results_markdown(results: dict, runs_dir: Path) -> str:
     return summary + "\n" + claims_markdown(claims_table(results, runs_dir))
 
 
+def demo_command(profile_name: str, threads: int = DEFAULT_THREADS) -> str:
+    """The command line that runs ``profile_name`` (printed beside its results)."""
+    return ("keepsight demo" + ("" if profile_name == "full" else f" --profile {profile_name}")
+            + ("" if threads == DEFAULT_THREADS else f" --threads {threads}"))
+
+
+def cache_provenance(model_dirs: list[Path], started: float) -> dict:
+    """Which of the caches a run used it trained itself and which it reused, and whether a reused one was trained
+    by other code: every summary with a ``provenance`` (``keepsight.train.recipe``) under a base's cache and the
+    experiment caches beside it (``<base>-pvm``, ``<base>-bridge``, ...)."""
+    here = source_digest()
+    trained, reused, other_code = [], [], []
+    for model_dir in model_dirs:
+        for root in sorted(model_dir.parent.glob(model_dir.name + "*")):
+            for f in sorted(root.rglob("*.json")):
+                if "checkpoint-" in f.as_posix() or f.stat().st_size > 50_000_000:
+                    continue
+                try:
+                    summary = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    continue
+                prov = summary.get("provenance") if isinstance(summary, dict) else None
+                if not isinstance(prov, dict):
+                    continue
+                name = str(f.parent.relative_to(model_dir.parent))
+                if prov.get("finished", 0) >= started:
+                    trained.append(name)
+                else:
+                    reused.append(name)
+                    if prov.get("source") != here:
+                        other_code.append(name)
+    return {"trained": trained, "reused": reused, "reused_from_other_code": other_code,
+            "from_nothing": not reused}
+
+
+def provenance_markdown(results: dict) -> str:
+    """The lines printed above a run's tables: the command, the code, the environment, and what was reused."""
+    prov = results.get("provenance")
+    if not prov:
+        return ""
+    code, env, caches = prov["code"], prov["environment"], prov["caches"]
+    git = code.get("git")
+    commit = (f"commit {git['commit'][:12]}" + (" with uncommitted changes" if git["dirty"] else "")) if git else \
+        "no git checkout"
+    pk = env["packages"]
+    reuse = ("every model trained in this run (from nothing)" if caches["from_nothing"] else
+             f"{len(caches['reused'])} cached models reused"
+             + (f", {len(caches['reused_from_other_code'])} of them trained by other code"
+                if caches["reused_from_other_code"] else ", all trained by this code"))
+    return (f"Produced by `{prov['command']}` from keepsight {commit} (source {code['source']}); "
+            f"{env['threads']} threads, deterministic algorithms {'on' if env['deterministic'] else 'off'}, "
+            f"torch {pk['torch']}, transformers {pk['transformers']}, {env['machine']} {env['cpu_capability']}; "
+            f"{reuse}.\n")
+
+
 def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: str | None = None,
-             retrain: bool = False) -> dict:
+             retrain: bool = False, threads: int = DEFAULT_THREADS) -> dict:
     """Run the demo; returns the results dict also written to ``runs/<name>/results.json``. With several seeds
     the first seed's results sit at the top level as with one, every seed's under ``seeds``, and the means with
-    their 95% intervals (and the verdicts where they separate) under ``aggregate``."""
+    their 95% intervals (and the verdicts where they separate) under ``aggregate``. ``threads``: the intra-op
+    thread count every model is trained and evaluated with (``keepsight.determinism``: results repeat bit for
+    bit with the same code, versions, CPU kind and thread count)."""
     if profile_name not in PROFILES:
         raise ValueError(f"unknown demo profile {profile_name!r}; choose from {sorted(PROFILES)}")
     profile = PROFILES[profile_name]
@@ -274,10 +337,15 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     runs_dir = check_output_dir(runs_dir, "--runs", kinds=(RUNS_KIND,),  # earlier versions: no marker, a cache/
                                 legacy=lambda p: (p / "cache").is_dir())
     out = check_output_dir(runs_dir / name, "--name", kinds=(RUN_KIND,), legacy=lambda p: (p / "results.json").is_file())
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    mark(runs_dir, RUNS_KIND)
-    out.mkdir(parents=True, exist_ok=True)
-    mark(out, RUN_KIND)
+    with configured(threads) as env:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        mark(runs_dir, RUNS_KIND)
+        out.mkdir(parents=True, exist_ok=True)
+        mark(out, RUN_KIND)
+        return _run_profile(profile, runs_dir, out, retrain, env, demo_command(profile_name, threads))
+
+
+def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool, env: dict, command: str) -> dict:
     t0 = time.time()
     cfg = profile.world
     cache: list[WorldSamples] = []  # the training scenes, built at most once for every seed
@@ -289,12 +357,15 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         return cache[0]
 
     sets = _eval_sets(profile)
-    runs = [_run_seed(profile, seed, runs_dir, retrain, sets, training_scenes) for seed in profile.seeds]
+    runs = [_run_seed(profile, seed, runs_dir, retrain, sets, training_scenes, env) for seed in profile.seeds]
     first = runs[0]
+    code = provenance()
     results = {
         "keepsight": __version__,
         "profile": profile.name,
         "world": cfg.to_dict(),
+        "provenance": {"command": command, "code": {k: code[k] for k in ("source", "git")}, "environment": env,
+                       "caches": cache_provenance([Path(r["model_dir"]) for r in runs], t0)},
         **{k: v for k, v in first.items() if k != "timings"},
         **({"seeds": runs, "aggregate": aggregate(runs)} if len(runs) > 1 else {}),
         "timings": {**first["timings"], "per_seed_s": [r["timings"]["total_s"] for r in runs],
@@ -320,6 +391,32 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
     print(summary, flush=True)
     log(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'report.html'} in {time.time() - t0:.0f}s")
     return results
+
+
+def published_results(profile_name: str) -> Path:
+    """The committed ``results.md`` of ``profile_name`` in this source checkout (``docs/results/<profile>.md``)."""
+    path = SOURCE_ROOT.parents[1] / "docs" / "results" / f"{profile_name}.md"
+    if not path.is_file():
+        raise FileNotFoundError(f"no published results for profile {profile_name!r} at {path} (keepsight runs outside "
+                                "its source checkout?); pass the file to compare against with --against")
+    return path
+
+
+def reproduce(profile_name: str = "full", against: str | Path | None = None, threads: int = DEFAULT_THREADS,
+              runs_dir: str | Path | None = None) -> tuple[list[str], Path]:
+    """Run ``profile_name`` from nothing (a new, empty ``runs_dir``; default a temporary directory) and compare its
+    ``results.md`` with the published one (``against``; default ``published_results``) number by number. Returns
+    the numbers that moved (``keepsight.report.compare.moved_numbers``; empty: reproduced) and the run's
+    directory."""
+    against = Path(against) if against is not None else published_results(profile_name)
+    published = against.read_text()
+    runs = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="keepsight-reproduce-"))
+    if runs.exists() and any(runs.iterdir()):
+        raise ValueError(f"--runs {runs}: a reproduction starts from nothing; give a new or empty directory")
+    log(f"reproducing {against} from nothing in {runs}")
+    run_demo(profile_name, runs_dir=runs, threads=threads)
+    fresh = (runs / PROFILES[profile_name].name / "results.md").read_text()
+    return moved_numbers(published, fresh), runs
 
 
 def _training_scenes(profile: DemoProfile) -> WorldSamples:

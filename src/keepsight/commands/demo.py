@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..demo import PROFILES, run_demo
-from .options import run_name
+from ..demo import PROFILES, reproduce, run_demo
+from ..determinism import DEFAULT_THREADS
+from .options import bounded_int, run_name
 
 
 def add_parser(sub) -> None:
@@ -18,9 +19,30 @@ def add_parser(sub) -> None:
     d.add_argument("--runs", default="runs", help="where runs and the model cache live")
     d.add_argument("--name", type=run_name, help="run name (default: the profile); a plain name inside --runs")
     d.add_argument("--retrain", action="store_true", help="ignore the model cache")
+    d.add_argument("--threads", type=bounded_int(1, 1024), default=DEFAULT_THREADS,
+                   help=f"intra-op threads for every model (default {DEFAULT_THREADS}, as the published results: "
+                   "results repeat bit for bit with the same code, package versions, CPU kind and thread count)")
+    d.add_argument("--reproduce", action="store_true", help="run the profile from nothing in a new temporary "
+                   "directory (or --runs, new or empty) and compare its results.md with the published one "
+                   "(docs/results/<profile>.md), printing every number that moved; exit code 1 if any did")
+    d.add_argument("--against", help="--reproduce: the results.md to compare with (default: the published one)")
     d.set_defaults(func=run)
 
 
 def run(args) -> int:
-    run_demo("smoke" if args.smoke else args.profile, runs_dir=args.runs, name=args.name, retrain=args.retrain)
+    if args.against and not args.reproduce:
+        raise ValueError("--against applies only with --reproduce")
+    if args.reproduce:
+        if args.retrain or args.name:
+            raise ValueError("--reproduce runs from nothing under the profile's name; drop --retrain / --name")
+        profile = "smoke" if args.smoke else args.profile
+        moved, runs = reproduce(profile, args.against, args.threads,
+                                runs_dir=args.runs if args.runs != "runs" else None)
+        print(f"\nreproduction of the {profile} profile in {runs}: "
+              + ("every number as published" if not moved else f"{len(moved)} lines moved"))
+        for line in moved:
+            print(f"  {line}")
+        return 1 if moved else 0
+    run_demo("smoke" if args.smoke else args.profile, runs_dir=args.runs, name=args.name, retrain=args.retrain,
+             threads=args.threads)
     return 0

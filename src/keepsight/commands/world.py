@@ -7,6 +7,7 @@ import dataclasses
 
 from ..atomic import check_output_dir, check_output_file, write_json
 from ..baselines import BASELINES, build_baseline
+from ..determinism import DEFAULT_THREADS, configure
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
@@ -48,6 +49,9 @@ def add_parser(sub) -> None:
     t.add_argument("--stage", default="all", choices=["all", *STAGES])
     t.add_argument("--steps-scale", type=positive_float, default=1.0, help="multiply every stage's step count")
     t.add_argument("--batch-size", type=positive_int, help="override every stage's batch size")
+    t.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="intra-op threads (default "
+                   f"{DEFAULT_THREADS}; a base repeats bit for bit with the same thread count, package versions and "
+                   "CPU kind, and a base directory is resumed only under the settings it was started with)")
     training_args(t)
     world_args(t)
     t.set_defaults(func=run_train)
@@ -88,6 +92,7 @@ def run_tiny(args) -> int:
 
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(BASE_KIND,), inputs=[args.data])
+    configure(args.threads)
     if args.data:
         samples = read_samples(args.data)
     else:

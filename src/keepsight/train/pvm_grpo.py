@@ -28,7 +28,14 @@ from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import batch_layout, trainer_placement
 from .pvm_sft import publish_adapter, pvm_optimizer, report_batches
 from .recipe import Recipe, Run, run_recipe
-from .trainer import TrainOptions, _positive_float, _positive_int, last_complete_checkpoint, stop_at
+from .trainer import (
+    ExactResume,
+    TrainOptions,
+    _positive_float,
+    _positive_int,
+    last_complete_checkpoint,
+    stop_at,
+)
 
 SUMMARY_FILE = "pvm_grpo.json"
 MAX_COMPLETIONS = 1 << 16  # completions one optimizer step generates
@@ -113,7 +120,7 @@ def _trainer_class():
     from trl import GRPOTrainer  # optional dependency (the `train` extra)
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model  # optional dependency
 
-    class PVMGRPOTrainer(GRPOTrainer):
+    class PVMGRPOTrainer(ExactResume, GRPOTrainer):
         """GRPOTrainer whose KL reference is a given model (the base + stage-1 PVM) instead of one
         rebuilt from the policy's checkpoint path, and whose optimizer comes from ``optimizer_fn(model)``
         (built by the Trainer: FSDP does not accept a ready-made optimizer)."""

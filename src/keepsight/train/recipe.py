@@ -11,7 +11,8 @@ A ``Recipe`` says what differs (which model, which parameters train, the data, h
   summary at once (or resumes from the Trainer checkpoints);
 - it returns None when ``stop_after`` ended the run before its last step, and otherwise writes the output
   atomically from the main process (under ``accelerate launch`` too) with the common summary fields: ``request``,
-  ``train`` (the options), ``batch_layout``, ``first_loss``, ``last_loss``, ``log_history``.
+  ``train`` (the options), ``batch_layout``, ``first_loss``, ``last_loss``, ``provenance`` (the code and environment
+  that trained it, ``keepsight.determinism``, and when it finished), ``log_history``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathlib import Path
 from torch import nn
 
 from ..atomic import atomic_save_dir, check_output_dir, mark, marked_kind, write_json
+from ..determinism import provenance
 from ..fingerprint import differences
 from .distributed import batch_layout, gather_state_dict, main_process_writes, wait_for_everyone
 from .trainer import TrainOptions, run_trainer
@@ -221,6 +224,7 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
     summary = {"request": recipe.request_record, "train": dataclasses.asdict(recipe.options),
                "batch_layout": batch_layout(recipe.options.batch_size, grad_accum),
                **({"before": before} if before else {}), **recipe.summarise(model, processor, logs),
-               "first_loss": first, "last_loss": last, "log_history": logs}
+               "first_loss": first, "last_loss": last, "provenance": {**provenance(), "finished": time.time()},
+               "log_history": logs}
     recipe.publish(model, processor, out, summary)
     return summary

@@ -10,8 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_model, save_model
 from torch import nn
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import _is_peft_model
 
 from .distributed import batch_layout, length_grouped_sampler, process_rank, set_fsdp_wrap, trainer_placement
 
@@ -83,7 +87,55 @@ def stop_at(step: int | None) -> StopAt:
     return StopAt(step)
 
 
-class LengthAwareTrainer(Trainer):
+WEIGHTS_FILE = "model.safetensors"  # a checkpoint's weights (the Trainer's name for them)
+OWN_NAMES = "keepsight_own_names"  # metadata: the file holds the module's own state-dict names
+
+
+class ExactResume:
+    """A Trainer mixin whose checkpoints resume exactly: the weights are saved under the trained module's own
+    state-dict names and loaded back strictly.
+
+    transformers 5 saves LLaVA / Qwen-VL models in their legacy key layout (``language_model.model.*``), and the
+    Trainer loads a checkpoint's file with ``strict=False``: no key matches, nothing loads, and a resumed run
+    would go on from its initial weights with the checkpoint's optimizer state. Models sharded by FSDP or
+    DeepSpeed and PEFT adapters keep the Trainer's own paths."""
+
+    def _sharded_or_peft(self, model) -> bool:
+        return self.is_fsdp_enabled or self.is_deepspeed_enabled or _is_peft_model(model)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if state_dict is not None or self._sharded_or_peft(model) or not isinstance(model, PreTrainedModel):
+            return super()._save(output_dir, state_dict)  # a plain module's file already holds its own names
+        if not self.args.should_save:
+            return None
+        out = Path(output_dir if output_dir is not None else self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(out)
+        save_model(model, str(out / WEIGHTS_FILE), metadata={"format": "pt", OWN_NAMES: "1"})
+        torch.save(self.args, out / "training_args.bin")
+        return None
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        target = self.model if model is None else model
+        path = Path(resume_from_checkpoint) / WEIGHTS_FILE
+        if self._sharded_or_peft(target) or not path.is_file():
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        try:
+            load_model(target, str(path), strict=True)
+        except RuntimeError as e:
+            with safe_open(str(path), "pt") as f:
+                ours = (f.metadata() or {}).get(OWN_NAMES) == "1"
+            if isinstance(target, PreTrainedModel) and not ours:
+                raise ValueError(f"{resume_from_checkpoint}: a checkpoint written in transformers' saved layout (an "
+                                 "earlier keepsight version), which a resume cannot load exactly; delete that "
+                                 "folder (or pass --overwrite) to start the run again") from e
+            raise ValueError(f"{resume_from_checkpoint}: its weights do not fit the model being trained "
+                             f"({str(e)[:300]})") from e
+        return None
+
+
+class LengthAwareTrainer(ExactResume, Trainer):
     """Batches of similar length when the dataset knows its items' lengths (``dataset.lengths``): short QA
     items are not padded to the length of a long description. ``optimizer_fn(model)`` builds the optimizer
     (the Trainer builds the schedule around it)."""

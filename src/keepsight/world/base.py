@@ -26,6 +26,7 @@ from transformers import CLIPVisionModel, LlavaForConditionalGeneration, Qwen3Fo
 
 from ..atomic import MARKER, check_output_dir, mark, marked_kind, write_json
 from ..data import IGNORE_INDEX, TextCollator, VLMCollator
+from ..determinism import environment
 from ..fingerprint import differences
 from ..train.distributed import main_process_writes
 from ..train.recipe import Recipe, publish_directory, run_recipe
@@ -273,9 +274,11 @@ class StageRecipe(Recipe):
 
 def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overwrite: bool = False) -> None:
     """Check ``out`` before training a base into it: new, empty, or a base trained with the same config on the
-    same scenes (then finished stages are reused and an unfinished one resumes); another base is refused unless
-    ``overwrite``. Records the config (``train_config.json``) and the request."""
-    request = json.loads(json.dumps({"train": train_cfg.to_dict(), "data": samples.fingerprint()}))
+    same scenes under the same environment (``keepsight.determinism``: versions, CPU kind, threads; then finished
+    stages are reused and an unfinished one resumes); another base is refused unless ``overwrite``. Records the
+    config (``train_config.json``) and the request."""
+    request = json.loads(json.dumps({"train": train_cfg.to_dict(), "data": samples.fingerprint(),
+                                     "environment": environment()}))
     old_cfg = out / "train_config.json"
     if out.is_dir() and marked_kind(out) is None and old_cfg.is_file():  # a base of an earlier keepsight version
         main_process_writes(mark, out, BASE_KIND)
@@ -284,7 +287,7 @@ def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overw
     if (out / BASE_REQUEST).is_file():
         old = json.loads((out / BASE_REQUEST).read_text())
     elif old_cfg.is_file():
-        old = {"train": json.loads(old_cfg.read_text()), "data": request["data"]}
+        old = {"train": json.loads(old_cfg.read_text()), "data": request["data"], "environment": None}
     if old is not None and old != request:
         if not overwrite:
             diff = "; ".join(differences(old, request)[:6])
