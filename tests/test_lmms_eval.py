@@ -75,7 +75,7 @@ def pvm_dirs(processor, base, tmp_path_factory):
     from keepsight.pvm import PVMConfig, attach_pvm, save_pvm
 
     model = build_model("tiny-llava", processor.tokenizer)
-    attach_pvm(model, PVMConfig(layers=[1, 3], latent_dim=32))
+    attach_pvm(model, PVMConfig(layers=[1, 3], pvm_hidden_size=32))
     zero = save_pvm(model, tmp_path_factory.mktemp("pvm-zero"))
     for branch in model.pvm.values():
         branch.gate.data.fill_(0.5)

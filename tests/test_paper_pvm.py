@@ -1,4 +1,4 @@
-"""Persistent Visual Memory pinned to the paper (seeds/000, Sec. 4.1 "PVM Computation"; SPEC section A).
+"""Persistent Visual Memory's branch variant (our earlier reading) pinned to the paper (Sec. 4.1 "PVM Computation").
 
 The reference is written here from the paper's three stages, never from ``PVMBranch.retrieve``:
 
@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from keepsight.pvm import PVMBranch, PVMConfig, attach_pvm
+from keepsight.pvm import PVMBranch, PVMConfig, attach_pvm, pvm_memory
 from keepsight.world.models import build_model
 from test_probes import PRESETS, PROMPTS, tiny_inputs
 
@@ -93,7 +93,7 @@ OPTIONS = [dict(), dict(normalize_v="rms"), dict(key_proj=True), dict(temperatur
 def test_branch_equals_paper_formula(heads, shared_down, gate, options):
     torch.manual_seed(heads)
     d, d_lat, T, M = 24, 16, 7, 6
-    cfg = PVMConfig(latent_dim=d_lat, heads=heads, shared_down=shared_down, gate=gate, **options)
+    cfg = PVMConfig(variant="branch", pvm_hidden_size=d_lat, heads=heads, shared_down=shared_down, gate=gate, **options)
     branch = PVMBranch(d, cfg).double()
     with torch.no_grad():
         branch.gate.copy_(torch.randn_like(branch.gate) + 0.5)  # random, non-zero lambda
@@ -143,7 +143,7 @@ def run(request, processor):
     the projector/merger outputs, every PVM branch call's inputs, and every FFN's input and output."""
     preset = request.param
     model = build_model(preset, processor.tokenizer)
-    attach_pvm(model, PVMConfig(layers=PVM_LAYERS, heads=2, gate="channel"))
+    attach_pvm(model, PVMConfig(variant="branch", layers=PVM_LAYERS, heads=2, gate="channel"))
     with torch.no_grad():
         for branch in model.pvm.values():
             branch.gate.copy_(torch.randn_like(branch.gate))
@@ -265,7 +265,7 @@ def test_normalised_v_makes_retrieval_depend_on_the_query(processor):
         model.model.multi_modal_projector.linear_2.weight.mul_(0.05)  # visual embeddings far smaller than x
     reports = {}
     for option in ("none", "rms"):
-        attach_pvm(model, PVMConfig(layers=[1, 2], normalize_v=option))
+        attach_pvm(model, PVMConfig(variant="branch", layers=[1, 2], normalize_v=option))
         with torch.no_grad():
             for branch in model.pvm.values():
                 branch.gate.fill_(0.5)
@@ -284,15 +284,20 @@ def test_projecting_v_once_equals_projecting_it_every_step(processor):
     gives the same logits (fails if the cached projection were stale, from another sequence, or wrong)."""
     model = build_model("tiny-llava", processor.tokenizer)
     inputs = tiny_inputs("tiny-llava", processor, PROMPTS)
-    attach_pvm(model, PVMConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    attach_pvm(model, PVMConfig(variant="branch", layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
     with torch.no_grad():
         for p in model.pvm.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
     once = model.generate(**inputs, **kw)
+    assert set(pvm_memory(once.past_key_values).projected) == {"1", "3"}  # kept with the generation's cache
     st = model._keepsight_pvm
-    assert set(st.projected) == {"1", "3"}  # kept after the sequence, dropped with it by the next one
-    drop = model.register_forward_pre_hook(lambda m, a, k: st.projected.clear(), with_kwargs=True)
+
+    def clear(m, a, k):  # runs after PVM's own pre-hook: a decode step's memory comes from its cache
+        if st.memory is not None:
+            st.memory.projected.clear()
+
+    drop = model.register_forward_pre_hook(clear, with_kwargs=True)
     try:
         every = model.generate(**inputs, **kw)
     finally:
@@ -302,6 +307,6 @@ def test_projecting_v_once_equals_projecting_it_every_step(processor):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     other = tiny_inputs("tiny-llava", processor, PROMPTS[::-1])  # a new sequence must not reuse the old projections
     fresh = build_model("tiny-llava", processor.tokenizer)
-    attach_pvm(fresh, PVMConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    attach_pvm(fresh, PVMConfig(variant="branch", layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
     fresh.load_state_dict(model.state_dict())
     torch.testing.assert_close(model.generate(**other, **kw).logits[0], fresh.generate(**other, **kw).logits[0])

@@ -9,10 +9,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import Qwen3Config
 
 from keepsight.bridge import LiaMtrBridge, LiaMtrConfig
 from keepsight.diffusion import MaskPriorSuppression, MonotonicRoPEScaling, MPSConfig, MRSConfig, generate
-from keepsight.pvm import PVMBranch, PVMConfig
+from keepsight.pvm import PVMConfig, build_block
 
 SETTINGS = settings(max_examples=int(os.environ.get("KEEPSIGHT_HYPOTHESIS_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -51,11 +52,12 @@ def test_pvm_config(overrides):
     cfg = _build(PVMConfig, overrides)
     if cfg is None:
         return
+    text = Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64)
     try:
         cfg.resolve_layers(4)
-        branch = PVMBranch(32, cfg)
+        branch = build_block(text, cfg)
     except ValueError as e:
-        _named_error(e, {**overrides, "latent_dim": 1, "layers": 1})
+        _named_error(e, {**overrides, "pvm_hidden_size": 1, "layers": 1})
         return
     with torch.no_grad():
         branch.gate.fill_(0.5)

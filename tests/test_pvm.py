@@ -27,9 +27,13 @@ def test_strided_layers_and_config_errors():
     assert strided_layers(36) == [8, 16, 24]
     assert strided_layers(4) == [1, 2, 3]
     with pytest.raises(ValueError, match="gate must be"):
-        PVMConfig(gate="vector")
-    with pytest.raises(ValueError, match="latent_dim 10 must be divisible by heads 3"):
-        PVMConfig(latent_dim=10, heads=3)
+        PVMConfig(variant="branch", gate="vector")
+    with pytest.raises(ValueError, match="pvm_hidden_size 10 must be divisible by heads 3"):
+        PVMConfig(variant="branch", pvm_hidden_size=10, heads=3)
+    with pytest.raises(ValueError, match="heads, gate apply only to variant branch"):
+        PVMConfig(heads=2, gate="channel")
+    with pytest.raises(ValueError, match="expander_init applies only to variant released"):
+        PVMConfig(variant="branch", expander_init="zero")
     with pytest.raises(ValueError, match="index 9 out of range for a model with 4 decoder layers"):
         PVMConfig(layers=[1, 9]).resolve_layers(4)
     with pytest.raises(ValueError, match="layers must be 'strided'"):
@@ -64,7 +68,7 @@ def test_zero_gate_is_bit_identical_and_detach_restores(preset, processor):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_cached_generation_equals_full_forward(preset, processor):
     model = build_model(preset, processor.tokenizer)
-    attach_pvm(model, PVMConfig(layers=[0, 2], heads=2, gate="channel"))
+    attach_pvm(model, PVMConfig(variant="branch", layers=[0, 2], heads=2, gate="channel"))
     _set_gates(model, 0.7)
     inputs = tiny_inputs(preset, processor, [PROMPTS[0]] * 3)  # no padding: plain forward positions agree
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False, output_scores=True,
@@ -87,7 +91,7 @@ def test_local_invariance_and_silencing():
     from keepsight.pvm.module import PVMBranch
 
     torch.manual_seed(0)
-    branch = PVMBranch(32, PVMConfig(latent_dim=16, heads=2))
+    branch = PVMBranch(32, PVMConfig(variant="branch", pvm_hidden_size=16, heads=2))
     with torch.no_grad():
         branch.gate.fill_(1.0)
     visual = torch.randn(2, 5, 32)
@@ -146,7 +150,7 @@ def test_training_step_changes_only_pvm(processor):
 
 def test_save_load_bit_identical_and_mismatch_refused(processor, tmp_path):
     model = build_model("tiny-llava", processor.tokenizer)
-    attach_pvm(model, PVMConfig(layers=[1, 2], heads=2))
+    attach_pvm(model, PVMConfig(variant="branch", layers=[1, 2], heads=2))
     _set_gates(model, 0.3)
     with torch.no_grad():
         for p in model.pvm.parameters():
@@ -165,7 +169,7 @@ def test_save_load_bit_identical_and_mismatch_refused(processor, tmp_path):
         load_pvm(other, tmp_path / "a")
     assert getattr(other, "_keepsight_pvm", None) is None  # left untouched
     meta = json.loads((tmp_path / "a" / "pvm_config.json").read_text())
-    meta["pvm"]["latent_dim"] = 64
+    meta["pvm"]["pvm_hidden_size"] = 64
     (tmp_path / "a" / "pvm_config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="has shape"):
         load_pvm(build_model("tiny-llava", processor.tokenizer), tmp_path / "a")
@@ -184,7 +188,7 @@ def test_parameter_overhead_on_a_qwen3vl_8b_shaped_config():
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(cfg)
         base = sum(p.numel() for p in model.parameters())
-        attach_pvm(model, PVMConfig(latent_dim=1024))
+        attach_pvm(model, PVMConfig(variant="branch", pvm_hidden_size=1024))
         extra = sum(p.numel() for p in pvm_parameters(model))
     assert model._keepsight_pvm.layers == [8, 16, 24]
     # 3 layers x (4096*1024 down + 1024*4096 up + 1 gate) = 25.2M
@@ -227,7 +231,7 @@ def test_several_images_per_sample_and_text_only_rows(processor):
     with torch.no_grad():
         model(**enc)
     st = model._keepsight_pvm
-    assert st.visual.shape[1] == 2 * 17 and bool(st.visual_mask.all())
+    assert st.memory.visual.shape[1] == 2 * 17 and bool(st.memory.visual_mask.all())
     # a text-only batch: no visual memory, so PVM adds nothing even with a non-zero gate
     plain = tok(["<bos>user : what scene is this ? assistant :"], return_tensors="pt")
     with torch.no_grad():

@@ -87,10 +87,11 @@ BASE_RECIPE = TrainConfig(
 )
 
 
-# Our reading of PVM in the experiments: V RMS-normalised before W_down. With V as the projector emits it (norm ~0.4
-# against ~11 for the normalised hidden state x) every position retrieves the same mean-pool (entropy = ln M,
-# query dependence ~0: pvm_report, tests/test_paper_pvm.py); normalised, the retrieval depends on the query.
-PVM_READING = PVMConfig(normalize_v="rms")
+# PVM in the experiments: the block as released (keepsight.pvm.block; on the 128-wide base its latent width resolves
+# to 32, one head), stage 1 with the release's schedule (cosine, 10% warm-up, one learning rate for every PVM
+# parameter, the gate included) at the world's learning rate and budget
+PVM_BLOCK = PVMConfig()
+PVM_SFT = PVMTrainConfig(warmup_ratio=0.1, gate_lr=1e-3)
 
 # LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
 LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda_spacing": "half_life", "gate": "token"})
@@ -135,11 +136,11 @@ PROFILES = {
     # the default (`keepsight demo`, about 30 minutes on 2 cores): the base, its dilution diagnosis and
     # multi-turn regime, the PVM arms (with the LoRA control and full fine-tuning), the diffusion methods
     "full": DemoProfile(name="full", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
-                        pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150)),
+                        pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
                         diffusion=DiffusionExperiment(sweeps={})),
     # `--profile seeds`: three base seeds, every comparison with 95% intervals (PVM arms, MLP vs LIA-MTR)
     "seeds": DemoProfile(name="seeds", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE, seeds=(0, 1, 2),
-                         pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150)), bridge=BridgeExperiment()),
+                         pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)), bridge=BridgeExperiment()),
     # `--profile readings`: LIA-MTR's readings (lambda spacing x gate) against the MLP on the seed-0 base (shared with
     # the default and seeds profiles: its base and the default reading come from their caches)
     "readings": DemoProfile(name="readings", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
@@ -172,7 +173,7 @@ PROFILES = {
     # `--profile baselines`: VCD, PAI, MemVR and DeCo (paper defaults and a stronger setting) beside PVM stage 1 on
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
     "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
-                             baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_READING))),
+                             baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT))),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
@@ -181,7 +182,7 @@ PROFILES = {
         # not to look (held-out yes/no 0.55, colour / scene / count at chance; docs/results.md), without them
         # it reached 0.81 with every category >= 0.6
         train=dataclasses.replace(BASE_RECIPE, preset="tiny-llava-6l", instruct_tasks=INSTRUCT_TASKS + ("chat",)),
-        pvm=PVMExperiment(pvm=PVM_READING, grpo=GRPOTrainConfig(steps=150))),
+        pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150))),
 }
 
 

@@ -100,7 +100,7 @@ def assets(tmp_path_factory):
     model = build_model("tiny-llava", processor.tokenizer)
     model.save_pretrained(base)
     processor.save_pretrained(base)
-    attach_pvm(model, PVMConfig(layers=[1, 3], latent_dim=32))
+    attach_pvm(model, PVMConfig(layers=[1, 3], pvm_hidden_size=32))
     for branch in model.pvm.values():
         branch.gate.data.fill_(0.5)
     pvm = save_pvm(model, root / "pvm")

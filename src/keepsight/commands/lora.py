@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
     data_args(lt)
     lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
     lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
-    lt.add_argument("--latent-dim", type=positive_int, help="the PVM d' to match (default: hidden / 4)")
+    lt.add_argument("--variant", default="released", choices=["released", "branch"], help="the PVM block to match")
+    lt.add_argument("--pvm-hidden-size", type=positive_int, help="the PVM latent width to match (default: PVM's)")
     lt.add_argument("--steps", type=positive_int, default=600)
     lt.add_argument("--lr", type=positive_float, default=1e-3)
     lt.add_argument("--batch-size", type=positive_int, default=16)
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
 
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(LoRARecipe.kind,), inputs=[args.model, args.data])
-    pvm_cfg = PVMConfig(layers=args.layers or "strided", latent_dim=args.latent_dim)
+    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size)
     cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                           max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     own = user_data(args)

@@ -1,12 +1,15 @@
 """``keepsight pvm train``: stage 1 (SFT, backbone frozen) and stage 2 (GRPO) of a PVM adapter, on a world or on
-the user's own data (LLaVA JSON / JSONL, Hugging Face datasets; see ``keepsight.data.sources``)."""
+the user's own data (LLaVA JSON / JSONL, Hugging Face datasets; see ``keepsight.data.sources``); ``keepsight pvm
+convert``: adapter files to and from the released checkpoint layout."""
 
 from __future__ import annotations
 
 from ..atomic import check_output_dir
 from ..metrics.answers import KINDS
-from ..pvm import PVMConfig
+from ..models import load_checkpoint
+from ..pvm import PVMConfig, load_pvm, save_pvm
 from ..pvm.io import ADAPTER_KIND
+from ..pvm.layout import CHECKPOINT_KIND, save_released
 from ..train.pvm_grpo import GRPOData, GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..train.rewards import load_reward
@@ -33,17 +36,28 @@ def add_parser(sub) -> None:
     data_args(pt)
     pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
     pt.add_argument("--init", help="grpo: the stage-1 adapter to start from (also the KL reference)")
-    pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided)")
-    pt.add_argument("--latent-dim", type=positive_int, help="sft: d' (default: hidden / 4)")
-    pt.add_argument("--heads", type=positive_int, default=1, help="sft")
-    pt.add_argument("--gate", default="scalar", choices=["scalar", "channel"], help="sft")
+    pt.add_argument("--variant", default="released", choices=["released", "branch"], help="sft: the block the "
+                    "authors released (default) or our earlier reading of the paper (branch)")
+    pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided; the release: 8 16 24 "
+                    "for Qwen3-VL-8B, 5 11 17 for 4B)")
+    pt.add_argument("--pvm-hidden-size", type=positive_int, help="sft: the latent width (default: 512 as released, at "
+                    "most width / 4 on narrower models; branch: width / 4)")
+    pt.add_argument("--heads", type=positive_int, help="sft, --variant branch: retrieval heads (default 1)")
+    pt.add_argument("--gate", choices=["scalar", "channel"], help="sft, --variant branch (default scalar)")
+    pt.add_argument("--recipe", default="ours", choices=["ours", "released"], help="the training settings: ours "
+                    "(sft lr 1e-3, gate 1e-2, batch 16; grpo lr 2e-4, PVM only, KL 0.04) or the authors' (sft lr 1e-4 "
+                    "cosine, warm-up 0.1, batch 64; grpo lr 1e-6 constant, 8 completions, language model + PVM, no KL); "
+                    "the options below override either")
     pt.add_argument("--steps", type=positive_int, help="default: 600 (sft), 100 (grpo)")
-    pt.add_argument("--lr", type=positive_float, help="projections; default: 1e-3 (sft), 2e-4 (grpo)")
-    pt.add_argument("--gate-lr", type=positive_float, help="the gate; default: 1e-2 (sft), 2e-3 (grpo)")
-    pt.add_argument("--batch-size", type=positive_int, default=16, help="sft")
-    pt.add_argument("--beta", type=nonneg_float, default=0.04, help="grpo: KL coefficient (0 = no reference model)")
-    pt.add_argument("--num-generations", type=positive_int, default=4, help="grpo: completions per prompt")
-    pt.add_argument("--prompts-per-step", type=positive_int, default=4, help="grpo")
+    pt.add_argument("--lr", type=positive_float, help="projections (grpo llm+pvm: the language model too)")
+    pt.add_argument("--gate-lr", type=positive_float, help="the gate")
+    pt.add_argument("--batch-size", type=positive_int, help="sft (default: 16 ours, 64 released)")
+    pt.add_argument("--trainable", choices=["pvm", "llm+pvm"], help="grpo: PVM only (an adapter comes out) or the "
+                    "language model too (a whole checkpoint in the released layout); default: the recipe's")
+    pt.add_argument("--beta", type=nonneg_float, help="grpo: KL coefficient (0 = no reference model; default 0.04 "
+                    "ours, 0 released)")
+    pt.add_argument("--num-generations", type=positive_int, help="grpo: completions per prompt (4 ours, 8 released)")
+    pt.add_argument("--prompts-per-step", type=positive_int, help="grpo (4 ours, 8 released)")
     pt.add_argument("--max-completion-length", type=positive_int, help="grpo (default: the world's description budget)")
     pt.add_argument("--tasks", nargs="+", default=["describe", "open"], help=f"grpo on a world: its prompts ({' '.join(GRPO_TASKS)})")
     pt.add_argument("--reward", nargs="+", default=["exact"], help=f"grpo on your data: rewards against each row's "
@@ -52,24 +66,54 @@ def add_parser(sub) -> None:
     training_args(pt)
     pt.set_defaults(func=run_train)
 
+    pc = pv.add_parser("convert", help="between keepsight's adapter files and the released PVM checkpoint layout")
+    pc.add_argument("--model", required=True, help="a base model (with --pvm) or a checkpoint in the released layout")
+    pc.add_argument("--pvm", help="an adapter (released variant) to write with --model as one released checkpoint")
+    pc.add_argument("--out", required=True, help="the released checkpoint (with --pvm) or the adapter (without)")
+    pc.add_argument("--overwrite", action="store_true", help="replace an existing output of keepsight's")
+    pc.set_defaults(func=run_convert)
+
 
 def print_gates(report: dict) -> None:
     for key, v in report.items():
         print(f"layer {key}: gate {v['gate_mean']:+.4f}, ||PVM|| / ||FFN|| {v['relative_norm']:.4f}")
 
 
+def run_convert(args) -> int:
+    """Adapter + base -> a released checkpoint (--pvm given), or a released checkpoint -> an adapter."""
+    kind = CHECKPOINT_KIND if args.pvm else ADAPTER_KIND
+    out = check_output_dir(args.out, "--out", kinds=(kind,), inputs=[args.model, args.pvm])
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise ValueError(f"--out {out} exists; pass --overwrite to replace it (keepsight's own outputs only)")
+    model, processor = load_checkpoint(args.model, dtype=None, device="cpu", expect="autoregressive")
+    if args.pvm:
+        if getattr(model, "_keepsight_pvm", None) is not None:
+            raise ValueError(f"--model {args.model} already carries PVM (a released checkpoint); give its base")
+        load_pvm(model, args.pvm)
+        save_released(model, out, processor)
+        print(f"wrote {out}: the released PVM layout (layers {model._keepsight_pvm.layers})")
+    else:
+        if getattr(model, "_keepsight_pvm", None) is None:
+            raise ValueError(f"--model {args.model} is not in the released PVM layout (text_config.pvm_layers); give "
+                             "--pvm to write an adapter into that layout instead")
+        save_pvm(model, out)
+        print(f"wrote {out}: a PVM adapter (layers {model._keepsight_pvm.layers}) for the backbone of {args.model}")
+    return 0
+
+
 def run_train(args) -> int:
-    check_output_dir(args.out, "--out", kinds=(ADAPTER_KIND,), inputs=[args.model, args.data, args.init])
+    check_output_dir(args.out, "--out", kinds=(ADAPTER_KIND, CHECKPOINT_KIND), inputs=[args.model, args.data, args.init])
     own = user_data(args)
     samples = read_samples(args.data) if own is None else None
     if args.stage == "grpo":
         if not args.init:
             raise ValueError("--stage grpo needs --init: the stage-1 adapter directory it starts from")
-        cfg = GRPOTrainConfig(steps=args.steps or 100, lr=args.lr or 2e-4, gate_lr=args.gate_lr or 2e-3,
-                              beta=args.beta, num_generations=args.num_generations,
-                              prompts_per_step=args.prompts_per_step, seed=args.seed,
-                              max_completion_length=args.max_completion_length, max_length=args.max_length,
-                              skip_bad_rows=args.skip_bad_rows)
+        make = GRPOTrainConfig.released if args.recipe == "released" else GRPOTrainConfig
+        given = {k: v for k, v in dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, beta=args.beta,
+                                       num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
+                                       trainable=args.trainable).items() if v is not None}
+        cfg = make(**given, seed=args.seed, max_completion_length=args.max_completion_length,
+                   max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
         if own is None:
             data = world_grpo_data(samples, args.tasks, args.seed)
         else:
@@ -86,10 +130,15 @@ def run_train(args) -> int:
         return 0
     if args.init:
         raise ValueError("--init is for --stage grpo; stage 1 (sft) starts a new adapter")
-    pvm_cfg = PVMConfig(layers=args.layers or "strided", latent_dim=args.latent_dim, heads=args.heads, gate=args.gate)
-    train_cfg = PVMTrainConfig(steps=args.steps or 600, lr=args.lr or 1e-3, gate_lr=args.gate_lr or 1e-2,
-                               batch_size=args.batch_size, seed=args.seed, max_length=args.max_length,
-                               skip_bad_rows=args.skip_bad_rows)
+    branch = {k: v for k, v in (("heads", args.heads), ("gate", args.gate)) if v is not None}
+    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
+                        **branch)
+    if args.trainable:
+        raise ValueError("--trainable is for --stage grpo; stage 1 (sft) trains the PVM blocks only")
+    make = PVMTrainConfig.released if args.recipe == "released" else PVMTrainConfig
+    given = {k: v for k, v in dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr,
+                                   batch_size=args.batch_size).items() if v is not None}
+    train_cfg = make(**given, seed=args.seed, max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     data = instruct_data(samples, args.seed) if own is None else own
     summary = train_pvm_sft(args.model, data, args.out, pvm_cfg, train_cfg,
                             stop_after=args.stop_after, grad_accum=args.grad_accum, overwrite=args.overwrite)

@@ -29,7 +29,9 @@ class ArchSpec:
     family: str  # "autoregressive" VLM | "diffusion" (masked-diffusion LM / VLM) | "text" (a plain RoPE LM)
     decoder: str  # attribute path from the top model to the text decoder stack (.layers, .norm, .rotary_emb)
     vlm: bool = True  # has a vision tower and an image token
-    ffn: str = "mlp"  # FFN attribute of a decoder layer (PVM adds its branch to this module's output)
+    ffn: str = "mlp"  # FFN attribute of a decoder layer (PVM adds its update to this module's output)
+    pvm_query: str = "post_attention_layernorm"  # the decoder-layer module whose input is the residual stream after
+    #                                              self-attention: the released PVM block's query
     projector: str | None = None  # attribute path of the vision -> LLM projector / merger
     projector_swappable: bool = False  # ``keepsight.bridge.replace_projector`` can replace it
     processor_fallback: str | None = None  # "qwen_image": image-only processor when AutoProcessor needs torchvision
@@ -103,6 +105,13 @@ def image_token_id(config) -> int | None:
     return None if value is None else int(value)
 
 
+def visual_token_ids(config) -> tuple[int, ...]:
+    """The token ids whose positions hold visual embeddings: the image token and, where the config names one, the
+    video token."""
+    ids = [image_token_id(config), _get(config, "video_token_id")]
+    return tuple(int(i) for i in ids if i is not None)
+
+
 def _follow(model: nn.Module, path: str) -> nn.Module:
     obj = model
     for part in filter(None, path.split(".")):
@@ -139,6 +148,7 @@ class ArchInfo:
     final_norm: nn.Module  # norm applied before lm_head
     lm_head: nn.Module
     image_token_id: int
+    visual_token_ids: tuple[int, ...] = ()  # image (and video) token ids
 
     @property
     def model_type(self) -> str:
@@ -147,6 +157,10 @@ class ArchInfo:
     def ffn(self, layer: int) -> nn.Module:
         """The FFN module of decoder layer ``layer``."""
         return getattr(self.layers[layer], self.spec.ffn)
+
+    def pvm_query(self, layer: int) -> nn.Module:
+        """The module of decoder layer ``layer`` whose input is the residual stream after self-attention."""
+        return getattr(self.layers[layer], self.spec.pvm_query)
 
 
 def arch_info(model: nn.Module) -> ArchInfo:
@@ -165,7 +179,7 @@ def arch_info(model: nn.Module) -> ArchInfo:
     token = image_token_id(config)
     if token is None:
         raise ValueError(f"{type(model).__name__} config names no image token id")
-    return ArchInfo(spec, lm, lm.layers, lm.norm, model.lm_head, token)
+    return ArchInfo(spec, lm, lm.layers, lm.norm, model.lm_head, token, visual_token_ids(config))
 
 
 PROBE_VALUES = 32  # weight values sampled per tensor for a model's weights probe

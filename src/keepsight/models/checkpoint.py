@@ -9,7 +9,9 @@ plugin, the Python API):
   error naming what is supported.
 - ``load_checkpoint(dir, dtype=, device=)`` returns ``(model, processor)`` in eval mode. Safetensors in
   transformers' layout load with the Auto classes (after ``register_model_types()``); LLaDA / LLaDA-V
-  repository layouts go through ``keepsight.models.llada.load_llada_v`` (its key map).
+  repository layouts go through ``keepsight.models.llada.load_llada_v`` (its key map); a directory in the released
+  PVM layout (``text_config.pvm_layers``, ``pvm_block.*`` weights) loads its backbone's class with the released
+  blocks attached (``keepsight.pvm.layout``), without the directory's own Python files.
 - ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback (Qwen-VL without
   torchvision, the CPU install here), the image-only ``keepsight.models.processors.QwenImageProcessor``.
 
@@ -32,6 +34,7 @@ from transformers import (
     AutoTokenizer,
 )
 
+from ..pvm.layout import load_released, released_pvm_config
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
 from .llada import load_llada_v
 from .llada_official import UNUSED_KEYS, official_config, official_processor
@@ -132,8 +135,11 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
         model = load_llada_v(path, config=config, drop=UNUSED_KEYS, dtype=dt)
         return model.to(dev).eval(), official_processor(path, config)
     processor = load_processor(path, kind)
+    config = read_config(path)
     if kind == "llada_v":
         model = load_llada_v(path, dtype=dt)
+    elif released_pvm_config(config) is not None:  # PVM as released: its blocks attached, no remote code run
+        model = load_released(path, config, dt)
     else:
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
     return model.to(dev).eval(), processor

@@ -79,3 +79,13 @@ class QwenImageProcessor:
 
     def decode(self, *args, **kwargs):
         return self.tokenizer.decode(*args, **kwargs)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write what ``from_pretrained`` reads back: the tokenizer, the image processor config and the chat
+        template (the model's ``config.json``, with its image token id, is the model's to write)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+        if self.chat_template:
+            (path / "chat_template.jinja").write_text(self.chat_template)

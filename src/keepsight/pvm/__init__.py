@@ -1,9 +1,25 @@
-"""Persistent Visual Memory: a gated latent cross-attention branch beside the FFN of chosen layers."""
+"""Persistent Visual Memory: the released bottleneck block (default) or our earlier branch, beside the FFN of chosen
+decoder layers, reading only the visual embeddings."""
 
-from .attach import attach_pvm, detach_pvm, pvm_disabled, pvm_parameters, pvm_report
-from .config import PVMConfig, strided_layers
+# The loader (keepsight.models) reads the released layout (.layout), which needs .attach, which needs the
+# architecture table: importing keepsight.models first keeps that chain in one direction whichever package a
+# program imports first.
+from .. import models  # noqa: F401, I001
+from .attach import (
+    Memory,
+    attach_pvm,
+    build_block,
+    detach_pvm,
+    pvm_disabled,
+    pvm_memory,
+    pvm_parameters,
+    pvm_report,
+)
+from .block import PVMMemoryBlock
+from .config import RELEASED_LAYERS, PVMConfig, strided_layers
 from .io import load_pvm, save_pvm
 from .module import PVMBranch
 
-__all__ = ["PVMBranch", "PVMConfig", "attach_pvm", "detach_pvm", "load_pvm", "pvm_disabled", "pvm_parameters", "pvm_report",
-           "save_pvm", "strided_layers"]
+__all__ = ["RELEASED_LAYERS", "Memory", "PVMBranch", "PVMConfig", "PVMMemoryBlock", "attach_pvm", "build_block",
+           "detach_pvm", "load_pvm", "pvm_disabled", "pvm_memory", "pvm_parameters", "pvm_report", "save_pvm",
+           "strided_layers"]

@@ -1,12 +1,17 @@
-"""Attach PVM branches beside the FFN of chosen decoder layers of a Hugging Face VLM, and remove them.
+"""Attach PVM blocks beside the FFN of chosen decoder layers of a Hugging Face VLM, and remove them.
 
-Branches live in ``model.pvm`` (a ``ModuleDict`` keyed by layer index), so every PVM parameter is named
-``pvm.<layer>.*`` and no base weight is renamed. Forward hooks add the branch output to the FFN output;
-a pre-hook on the language model captures the visual embeddings V on the prefill forward (the rows of
-``inputs_embeds`` at image-token positions) and keeps them for every cached decode step, because
-transformers drops image inputs after the prefill. In inference (no autograd) each branch projects V once
-per sequence (``PVMBranch.project_visual``) and reuses the projection on every decode step; a new sequence
-drops it with the old V. In training every forward is a new sequence, so nothing is kept across forwards.
+Blocks live in ``model.pvm`` (a ``ModuleDict`` keyed by layer index), so every PVM parameter is named
+``pvm.<layer>.*`` and no base weight is renamed; they are kept in fp32 (master weights) under a bf16 / fp16
+backbone unless ``PVMConfig.master_dtype="model"``. Forward hooks add each block's update to its layer's FFN
+output; the released block's query is the input of the layer's post-attention norm (the residual stream after
+self-attention: a pre-hook keeps it), the branch variant's the FFN's own input.
+
+The visual memory V (the rows of ``inputs_embeds`` at image / video positions) is captured on a sequence's first
+forward by a pre-hook on the language model. It lives with the generation's state, not on the model: a forward
+that returns a KV cache carries V, its mask and each block's projection of V (computed once per sequence) on that
+cache object, and the cached decode steps read them from the cache they are given. Rows of a left-padded batch
+keep their own V; beam search keeps the rows of one example together, so the rows it reorders share their V.
+Without a cache (training, ``use_cache=False``) every forward is a new sequence.
 """
 
 from __future__ import annotations
@@ -18,26 +23,36 @@ import torch
 from torch import nn
 
 from ..models.arch import arch_info
+from .block import PVMMemoryBlock
 from .config import PVMConfig
 from .module import PVMBranch
 
 PREFIX = "pvm."
+MEMORY = "_keepsight_pvm_memory"  # the attribute of a generation's KV cache that holds its visual memory
+
+
+@dataclass
+class Memory:
+    """One sequence batch's visual memory."""
+
+    visual: torch.Tensor  # [B, M, d] visual embeddings (padded per row)
+    visual_mask: torch.Tensor  # [B, M] bool
+    projected: dict = field(default_factory=dict)  # layer key -> block.project_visual(visual), inference only
 
 
 @dataclass
 class _State:
     config: PVMConfig
     layers: list[int]
-    image_token_id: int
-    visual: torch.Tensor | None = None  # [B, M, d] visual embeddings of the current sequence
-    visual_mask: torch.Tensor | None = None  # [B, M] bool
+    visual_ids: tuple[int, ...]
+    memory: Memory | None = None  # the last forward's visual memory (from its cache, or captured)
     text_mask: torch.Tensor | None = None  # [B, T_in] positions of the current forward that may receive PVM
-    input_visual: torch.Tensor | None = None  # [B, T_in] image-token positions of the current forward
+    input_visual: torch.Tensor | None = None  # [B, T_in] visual positions of the current forward
+    queries: dict = field(default_factory=dict)  # layer key -> the released block's query of the current forward
     enabled: bool = True
     record_norms: bool = False  # when True, the FFN hooks store norms and retrieval statistics per layer
     norms: dict = field(default_factory=dict)  # layer key -> (sum ||pvm||, sum ||ffn||) at text positions
     retrieval: dict = field(default_factory=dict)  # layer key -> summed retrieval statistics (see retrieval_stats)
-    projected: dict = field(default_factory=dict)  # layer key -> PVMBranch.project_visual(visual), inference only
     hooks: list = field(default_factory=list)
 
 
@@ -48,24 +63,41 @@ def _state(model: nn.Module) -> _State:
     return st
 
 
+def build_block(text_config, config: PVMConfig) -> nn.Module:
+    """One PVM block of ``config.variant`` for a backbone whose text config is ``text_config``."""
+    if config.variant == "released":
+        return PVMMemoryBlock(text_config, config)
+    return PVMBranch(text_config.hidden_size, config)
+
+
 def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
-    """Add PVM branches to ``model`` in place (returns it). The gate starts at 0: outputs are unchanged."""
+    """Add PVM blocks to ``model`` in place (returns it). The gate starts at 0: outputs are unchanged."""
     if getattr(model, "_keepsight_pvm", None) is not None:
         raise ValueError("PVM is already attached to this model; detach_pvm first")
+    if config is not None and not isinstance(config, PVMConfig):
+        raise ValueError(f"config must be a PVMConfig (or None for the defaults), got {type(config).__name__}")
     config = config or PVMConfig()
     info = arch_info(model)
     layers = config.resolve_layers(len(info.layers))
-    hidden = info.language_model.config.hidden_size
     ref = info.lm_head.weight
-    model.pvm = nn.ModuleDict({str(i): PVMBranch(hidden, config) for i in layers}).to(ref.device, ref.dtype)
-    st = _State(config=config, layers=layers, image_token_id=info.image_token_id)
+    dtype = torch.float32 if config.master_dtype == "float32" else ref.dtype
+    model.pvm = nn.ModuleDict({str(i): build_block(info.language_model.config, config) for i in layers}).to(
+        ref.device, dtype)
+    st = _State(config=config, layers=layers, visual_ids=info.visual_token_ids)
     model._keepsight_pvm = st
     st.hooks.append(model.register_forward_pre_hook(_top_pre_hook, with_kwargs=True))
+    st.hooks.append(model.register_forward_hook(_top_hook))
     st.hooks.append(info.language_model.register_forward_pre_hook(_make_lm_pre_hook(model), with_kwargs=True))
     for i in layers:
-        mlp = info.ffn(i)
-        st.hooks.append(mlp.register_forward_hook(_make_ffn_hook(model, str(i))))
+        if config.variant == "released":
+            st.hooks.append(info.pvm_query(i).register_forward_pre_hook(_make_query_hook(model, str(i))))
+        st.hooks.append(info.ffn(i).register_forward_hook(_make_ffn_hook(model, str(i))))
     return model
+
+
+def pvm_memory(cache) -> Memory | None:
+    """The visual memory a generation's KV cache carries (None when PVM captured none on it)."""
+    return getattr(cache, MEMORY, None)
 
 
 def detach_pvm(model: nn.Module) -> nn.Module:
@@ -111,7 +143,7 @@ def pvm_report(model: nn.Module, batches) -> dict:
     out = {}
     for key, branch in model.pvm.items():
         pv, ff = st.norms.get(key, (0.0, 0.0))
-        g = branch.gate.detach().float()
+        g = branch.gate.detach().float()  # the branch's lambda, the released block's gate_alpha
         r = st.retrieval.get(key, {})
         n, rows = r.get("positions", 0), r.get("rows", 0)
         out[key] = {"gate_mean": float(g.mean()), "gate_abs_max": float(g.abs().max()),
@@ -166,27 +198,42 @@ def _top_pre_hook(model, args, kwargs):
     if input_ids is None:
         raise ValueError("PVM needs input_ids to find the image tokens (got inputs_embeds only)")
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    st.input_visual = input_ids == st.image_token_id  # [B, T_in]
+    st.input_visual = torch.isin(input_ids, torch.tensor(st.visual_ids, device=input_ids.device))  # [B, T_in]
+    st.queries = {}
     if cache is None or cache.get_seq_length() == 0:
-        st.visual = None  # new sequence: the language model's pre-hook captures V
-    elif st.visual is None:
-        raise RuntimeError("PVM: a cached decode step without a captured prefill; run the prefill with PVM attached")
-    elif st.visual.shape[0] != input_ids.shape[0]:
-        raise RuntimeError(f"PVM: batch size changed from {st.visual.shape[0]} to {input_ids.shape[0]} mid-sequence")
+        st.memory = None  # a new sequence: the language model's pre-hook captures V
+    else:
+        st.memory = pvm_memory(cache)
+        if st.memory is None:
+            raise RuntimeError("PVM: a cached decode step on a cache whose prefill ran without PVM attached")
+        if st.memory.visual.shape[0] != input_ids.shape[0]:
+            raise RuntimeError(f"PVM: batch size changed from {st.memory.visual.shape[0]} to {input_ids.shape[0]} "
+                               "mid-sequence")
     st.text_mask = ~st.input_visual if st.config.silence_visual else torch.ones_like(st.input_visual)
+
+
+def _top_hook(model, args, output):
+    """After the forward: the returned KV cache carries the sequence's visual memory (the decode steps read it from
+    there; what the model keeps is only the last forward's, for a backward pass that recomputes layers)."""
+    st = model._keepsight_pvm
+    cache = getattr(output, "past_key_values", None)
+    if cache is not None and st.memory is not None and pvm_memory(cache) is None:
+        setattr(cache, MEMORY, st.memory)
+    return output
 
 
 def _make_lm_pre_hook(model):
     def hook(lm, args, kwargs):
         st = model._keepsight_pvm
-        if st.visual is not None:
+        if st.memory is not None:
             return
         embeds = kwargs.get("inputs_embeds")
         if embeds is None:
             raise RuntimeError("PVM: the language model was called without inputs_embeds; unsupported call path")
         vis = st.input_visual  # [B, T]
-        if vis.shape != embeds.shape[:2]:
-            raise RuntimeError(f"PVM: {tuple(vis.shape)} token ids but inputs_embeds {tuple(embeds.shape[:2])}")
+        if vis is None or vis.shape != embeds.shape[:2]:
+            raise RuntimeError(f"PVM: {None if vis is None else tuple(vis.shape)} token ids but inputs_embeds "
+                               f"{tuple(embeds.shape[:2])}")
         counts = vis.sum(1)  # [B]
         m = max(int(counts.max()), 1)
         visual = embeds.new_zeros(embeds.shape[0], m, embeds.shape[-1])  # [B, M, d]
@@ -195,8 +242,14 @@ def _make_lm_pre_hook(model):
             n = int(counts[b])
             visual[b, :n] = embeds[b, vis[b]]
             mask[b, :n] = True
-        st.visual, st.visual_mask = visual, mask
-        st.projected = {}  # the projections of the previous sequence's V go with it
+        st.memory = Memory(visual, mask)
+
+    return hook
+
+
+def _make_query_hook(model, key: str):
+    def hook(norm, args):
+        model._keepsight_pvm.queries[key] = args[0]  # [B, T, d]: the residual stream after self-attention
 
     return hook
 
@@ -206,22 +259,25 @@ def _make_ffn_hook(model, key: str):
         st = model._keepsight_pvm
         if not st.enabled:
             return output
-        x = args[0]  # [B, T, d]: the post-attention-normed hidden state entering the FFN
-        text_mask = st.text_mask
-        if text_mask.shape != x.shape[:2]:
-            raise RuntimeError(f"PVM: FFN input {tuple(x.shape[:2])} but {tuple(text_mask.shape)} tracked tokens")
-        branch = model.pvm[key]
+        query = st.queries.pop(key) if st.config.variant == "released" else args[0]  # [B, T, d]
+        text_mask, mem = st.text_mask, st.memory
+        if text_mask is None or mem is None:
+            raise RuntimeError("PVM: the FFN ran outside a forward of the model PVM is attached to")
+        if text_mask.shape != query.shape[:2]:
+            raise RuntimeError(f"PVM: FFN input {tuple(query.shape[:2])} but {tuple(text_mask.shape)} tracked tokens")
+        block = model.pvm[key]
         projected = None
-        if not torch.is_grad_enabled():  # inference: W_down V (and the keys) once per sequence and layer
-            projected = st.projected.get(key)
+        if st.config.cache_visual and not torch.is_grad_enabled():  # inference: the visual side once per sequence
+            projected = mem.projected.get(key)
             if projected is None:
-                projected = st.projected[key] = branch.project_visual(st.visual)
-        extra, weights = branch(x, st.visual, st.visual_mask, text_mask, projected, return_weights=True)
+                projected = mem.projected[key] = block.project_visual(mem.visual)
+        extra, weights = block(query, mem.visual, mem.visual_mask, text_mask, projected, return_weights=True)
         if st.record_norms:
             sel = text_mask.bool()
             pv, ff = st.norms.get(key, (0.0, 0.0))
-            st.norms[key] = (pv + float(extra[sel].norm(dim=-1).sum()), ff + float(output[sel].norm(dim=-1).sum()))
-            stats = retrieval_stats(weights, st.visual_mask, text_mask)
+            st.norms[key] = (pv + float(extra[sel].float().norm(dim=-1).sum()),
+                             ff + float(output[sel].float().norm(dim=-1).sum()))
+            stats = retrieval_stats(weights, mem.visual_mask, text_mask)
             acc = st.retrieval.setdefault(key, dict.fromkeys(stats, 0.0))
             for k, v in stats.items():
                 acc[k] += v

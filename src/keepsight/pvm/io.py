@@ -53,7 +53,7 @@ def load_pvm(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     try:
         meta = json.loads(config_path.read_text())
         base, recorded = dict(meta["base"]), [int(i) for i in meta["layers"]]
-        config = PVMConfig(**meta["pvm"])
+        config = PVMConfig.from_dict(meta["pvm"])
     except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{config_path} is not a valid PVM adapter config ({type(e).__name__}: {e})") from None
     detail = signature_mismatch(base, model)

@@ -1,4 +1,5 @@
-"""The PVM branch: latent cross-attention from text hidden states to the visual embeddings.
+"""The PVM branch (``PVMConfig(variant="branch")``): our earlier reading of the paper, before the authors released
+their block (``keepsight.pvm.block``). Latent cross-attention from text hidden states to the visual embeddings:
 
     x_lat = W_down x              [B, T, d']     (x: hidden state entering the FFN)
     V_lat = W_down V'             [B, M, d']     (V: visual embeddings as inserted into the LLM input;
@@ -36,7 +37,8 @@ class PVMBranch(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def project_visual(self, visual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The visual side of the retrieval: visual [B, M, d] -> (keys, values), each [B, h, M, d'_h]."""
+        """The visual side of the retrieval, once per sequence: visual [B, M, d] -> (keys, values), each
+        [B, h, M, d'_h]."""
         b, m, _ = visual.shape
         h, dh = self.heads, self.latent // self.heads
         v = visual.to(self.down.weight.dtype)
@@ -54,7 +56,7 @@ class PVMBranch(nn.Module):
         b, t, _ = x.shape
         h, dh = self.heads, self.latent // self.heads
         keys, values = projected if projected is not None else self.project_visual(visual)
-        q = self.down(x).view(b, t, h, dh).transpose(1, 2)  # [B, h, T, dh]
+        q = self.down(x.to(self.down.weight.dtype)).view(b, t, h, dh).transpose(1, 2)  # [B, h, T, dh]
         scores = q @ keys.transpose(-1, -2) / (dh**0.5 * self.temperature)  # [B, h, T, M]
         scores = scores.masked_fill(~visual_mask[:, None, None, :], torch.finfo(scores.dtype).min)
         weights = scores.softmax(-1)  # [B, h, T, M]
@@ -64,8 +66,8 @@ class PVMBranch(nn.Module):
         return (out, weights) if return_weights else out
 
     def forward(self, x, visual, visual_mask, text_mask, projected=None, return_weights: bool = False):
-        """lambda * mask * h_pvm: [B, T, d]; ``text_mask`` [B, T] is 0 where no output may go (and the retrieval
-        weights [B, h, T, M] with ``return_weights``)."""
+        """lambda * mask * h_pvm: [B, T, d] in x's dtype; ``text_mask`` [B, T] is 0 where no output may go (and the
+        retrieval weights [B, h, T, M] with ``return_weights``)."""
         h, weights = self.retrieve(x, visual, visual_mask, projected, return_weights=True)
-        out = self.gate * text_mask[..., None].to(x.dtype) * h
+        out = (self.gate * text_mask[..., None].to(h.dtype) * h).to(x.dtype)
         return (out, weights) if return_weights else out

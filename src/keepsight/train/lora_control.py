@@ -21,7 +21,7 @@ from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
 from ..models.arch import signature, signature_mismatch
 from ..models.weights import check_weights
-from ..pvm import PVMBranch, PVMConfig
+from ..pvm import PVMConfig, build_block
 from .recipe import Recipe, publish_directory, run_recipe
 from .trainer import TrainOptions
 
@@ -39,9 +39,8 @@ class LoRATrainConfig(TrainOptions):
 def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
     """Parameters PVM with ``config`` would add to ``model`` (without attaching it)."""
     info = arch_info(model)
-    hidden = info.language_model.config.hidden_size
     layers = config.resolve_layers(len(info.layers))
-    return len(layers) * sum(p.numel() for p in PVMBranch(hidden, config).parameters())
+    return len(layers) * sum(p.numel() for p in build_block(info.language_model.config, config).parameters())
 
 
 def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:

@@ -19,25 +19,31 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import ProcessorMixin
 
+from ..atomic import write_json
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
-from ..models.arch import check_length
+from ..models.arch import arch_info, check_length
 from ..pvm import load_pvm, pvm_report
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
-from .distributed import batch_layout, trainer_placement
+from ..pvm.layout import CHECKPOINT_KIND, save_released
+from .distributed import batch_layout, main_process_writes, trainer_placement, unshard_root
 from .pvm_sft import publish_adapter, pvm_optimizer, report_batches
 from .recipe import Recipe, Run, run_recipe
 from .trainer import (
+    SCHEDULES,
     ExactResume,
     TrainOptions,
     _positive_float,
     _positive_int,
     last_complete_checkpoint,
     stop_at,
+    warmup_steps,
 )
 
 SUMMARY_FILE = "pvm_grpo.json"
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+TRAINABLE = ("pvm", "llm+pvm")
 MAX_COMPLETIONS = 1 << 16  # completions one optimizer step generates
 
 
@@ -53,8 +59,25 @@ class GRPOTrainConfig(TrainOptions):
     prompts_per_step: int = 4  # the batch is prompts_per_step * num_generations completions
     max_completion_length: int | None = None  # default: the data's (GRPOData.max_completion_length)
     temperature: float = 1.0
+    top_p: float = 1.0  # nucleus sampling of the completions
+    loss_type: str = "dapo"  # TRL's GRPO loss aggregation ("grpo" | "bnpo" | "dr_grpo" | "dapo": TRL's default)
+    mask_truncated_completions: bool = False  # completions cut at max_completion_length carry no loss
+    trainable: str = "pvm"  # "pvm": only the PVM blocks; "llm+pvm": the language model too (tower and projector
+    #                         frozen), as released; then the output is a whole checkpoint in the released layout
     save_every: int = 50
+    schedule: str = "constant"  # constant after the warm-up (GRPO's usual schedule)
     batch_size: int = field(init=False, default=0)
+
+    @classmethod
+    def released(cls, **overrides) -> GRPOTrainConfig:
+        """The released stage-2 settings (PVM's training_file/GRPO.py and README): lr 1e-6 constant, no warm-up,
+        8 completions a prompt, temperature 1.0, top_p 1.0, truncated completions masked, the language model and
+        PVM trainable with the tower frozen, no KL term and TRL's "dapo" loss (the script sets neither: these are
+        TRL's defaults from 0.22 on, the versions beside its transformers 4.57). The released global batch is
+        64 completions (8 prompts x 8), its completions up to 16,384 tokens (``max_completion_length``)."""
+        return cls(**{**dict(lr=1e-6, gate_lr=1e-6, schedule="constant", warmup_ratio=0.0, num_generations=8,
+                             prompts_per_step=8, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo",
+                             mask_truncated_completions=True, trainable="llm+pvm"), **overrides})
 
     def __post_init__(self) -> None:
         self.num_generations = _positive_int("num_generations", self.num_generations)
@@ -65,6 +88,15 @@ class GRPOTrainConfig(TrainOptions):
         super().__post_init__()
         self.gate_lr = _positive_float("gate_lr", self.gate_lr)
         self.temperature = _positive_float("temperature", self.temperature)
+        self.top_p = _positive_float("top_p", self.top_p)
+        if self.top_p > 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        if not isinstance(self.mask_truncated_completions, bool):
+            raise ValueError(f"mask_truncated_completions must be true or false, got {self.mask_truncated_completions!r}")
         if self.max_completion_length is not None:
             self.max_completion_length = _positive_int("max_completion_length", self.max_completion_length)
         if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not 0 <= self.beta < float("inf"):
@@ -159,7 +191,8 @@ def _reward_history(logs: list[dict]) -> list[dict]:
 
 
 class PVMGRPORecipe(Recipe):
-    """Base + the stage-1 adapter ``init_pvm``; only ``pvm.*`` trains, with TRL's GRPOTrainer."""
+    """Base + the stage-1 adapter ``init_pvm``, trained with TRL's GRPOTrainer: only ``pvm.*`` (an adapter comes out),
+    or with ``trainable="llm+pvm"`` the language model too (a whole checkpoint in the released PVM layout)."""
 
     summary_file = SUMMARY_FILE
     marker_file = CONFIG_FILE
@@ -169,6 +202,9 @@ class PVMGRPORecipe(Recipe):
         super().__init__(options)
         self.model_dir, self.init_pvm, self.data = Path(model_dir), Path(init_pvm), data
         self.trainer = None
+        self.language_model: set[str] = set()  # parameter names of the decoder stack and lm_head (llm+pvm)
+        if options.trainable == "llm+pvm":
+            self.kind, self.marker_file = CHECKPOINT_KIND, "config.json"
 
     def request(self) -> dict:
         return {"base": dir_fingerprint(self.model_dir), "init": dir_fingerprint(self.init_pvm),
@@ -176,7 +212,7 @@ class PVMGRPORecipe(Recipe):
                 "weights": list(self.data.weights)}
 
     def trainable(self, name: str) -> bool:
-        return name.startswith(PREFIX)
+        return name.startswith(PREFIX) or name in self.language_model
 
     def load(self):
         """Builds the GRPO trainer (the model is frozen by name before TRL sees it) and returns its policy."""
@@ -199,6 +235,13 @@ class PVMGRPORecipe(Recipe):
             raise ValueError(f"prompts_per_step {cfg.prompts_per_step} exceeds the {len(self.data.dataset)} prompts of "
                              "the data: no full step could be drawn")
         load_pvm(model, self.init_pvm)
+        if cfg.trainable == "llm+pvm":
+            if model._keepsight_pvm.config.variant != "released":
+                raise ValueError("trainable llm+pvm writes the released checkpoint layout, which holds the released "
+                                 f"block; {self.init_pvm} is a {model._keepsight_pvm.config.variant!r} adapter")
+            info = arch_info(model)
+            lm = {id(p) for m in (info.language_model, info.lm_head) for p in m.parameters()}
+            self.language_model = {n for n, p in model.named_parameters() if id(p) in lm}
         for name, p in model.named_parameters():
             p.requires_grad = self.trainable(name)
         ref_model = None
@@ -213,10 +256,13 @@ class PVMGRPORecipe(Recipe):
             num_generations=cfg.num_generations,
             max_completion_length=completion,
             temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            loss_type=cfg.loss_type,
+            mask_truncated_completions=cfg.mask_truncated_completions,
             beta=cfg.beta,
             learning_rate=cfg.lr,
-            lr_scheduler_type="constant_with_warmup",
-            warmup_steps=max(1, cfg.steps // 20),
+            lr_scheduler_type=SCHEDULES[cfg.schedule],
+            warmup_steps=warmup_steps(cfg.steps, cfg.warmup_ratio),
             reward_weights=list(self.data.weights),
             logging_steps=max(1, min(10, cfg.steps // 10)),
             save_strategy="steps",
@@ -260,7 +306,12 @@ class PVMGRPORecipe(Recipe):
                 "rewards": rewards, "after": self._report(model)}
 
     def publish(self, model, processor, out, summary):
-        publish_adapter(model, out, self.summary_file, summary)
+        if self.options.trainable == "pvm":
+            return publish_adapter(model, out, self.summary_file, summary)
+        unshard_root(model)
+        main_process_writes(lambda: save_released(model, out, processor,
+                                                  extra=lambda tmp: write_json(tmp / self.summary_file, summary)))
+        return None
 
 
 def build_grpo_trainer(model_dir: str | os.PathLike, init_pvm: str | os.PathLike, data: GRPOData,

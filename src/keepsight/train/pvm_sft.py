@@ -2,7 +2,8 @@
 
 Our recipe (the paper gives none for the gate): the gate (initialised to 0, so the model starts as the
 base) gets its own optimizer group with a larger learning rate (``gate_lr``) and no weight decay; with
-the gate at 0 the projections receive no gradient, so the gate has to move first.
+the gate at 0 the projections receive no gradient, so the gate has to move first. ``PVMTrainConfig.released()``
+holds the authors' settings.
 """
 
 from __future__ import annotations
@@ -39,11 +40,24 @@ class PVMTrainConfig(TrainOptions):
         super().__post_init__()
         self.gate_lr = _positive_float("gate_lr", self.gate_lr)
 
+    @classmethod
+    def released(cls, **overrides) -> PVMTrainConfig:
+        """The released stage-1 settings (PVM's training_file/SFT.py and README): AdamW at lr 1e-4 for every PVM
+        parameter (the gate included), cosine with a 10% warm-up, global batch 64, completion-only loss (what
+        keepsight's collator always does), one epoch: ``steps`` = rows / 64."""
+        return cls(**{**dict(lr=1e-4, gate_lr=1e-4, warmup_ratio=0.1, schedule="cosine", batch_size=64), **overrides})
+
+
+def is_gate(name: str) -> bool:
+    """A PVM gate: the branch's ``gate`` (lambda) or the released block's ``gate_alpha``."""
+    return name.startswith(PREFIX) and name.endswith((".gate", ".gate_alpha"))
+
 
 def pvm_optimizer(model, lr: float, gate_lr: float) -> torch.optim.Optimizer:
-    """AdamW over the PVM parameters: projections at ``lr``, gates at ``gate_lr`` without weight decay."""
-    gates = [p for n, p in model.named_parameters() if n.startswith(PREFIX) and n.endswith(".gate")]
-    rest = [p for n, p in model.named_parameters() if n.startswith(PREFIX) and not n.endswith(".gate")]
+    """AdamW over the trainable parameters: the PVM gates at ``gate_lr`` without weight decay, everything else (the
+    PVM projections; the language model where it trains too) at ``lr``."""
+    gates = [p for n, p in model.named_parameters() if is_gate(n) and p.requires_grad]
+    rest = [p for n, p in model.named_parameters() if not is_gate(n) and p.requires_grad]
     return torch.optim.AdamW([{"params": rest, "lr": lr}, {"params": gates, "lr": gate_lr, "weight_decay": 0.0}],
                              lr=lr)
 

@@ -32,6 +32,14 @@ def _positive_float(name: str, value) -> float:
     return float(value)
 
 
+SCHEDULES = {"cosine": "cosine", "constant": "constant_with_warmup"}  # ours -> transformers' scheduler names
+
+
+def warmup_steps(steps: int, ratio: float) -> int:
+    """Warm-up steps: ``ratio`` of ``steps`` rounded down, at least one unless ``ratio`` is 0 (5% of 150 steps: 7)."""
+    return 0 if ratio == 0 else max(1, math.floor(steps * ratio + 1e-9))
+
+
 @dataclass(kw_only=True)
 class TrainOptions:
     """The option fields every training recipe shares (each recipe's config extends them, with its defaults)."""
@@ -43,11 +51,18 @@ class TrainOptions:
     save_every: int = 200  # Trainer checkpoint period (steps)
     max_length: int | None = None  # rows cut to this many tokens (never inside the image tokens); None: no cut
     skip_bad_rows: bool = False  # a row whose image tokens do not fit max_length is left out (else an error)
+    warmup_ratio: float = 0.05  # linear warm-up over this share of the steps (at least one step)
+    schedule: str = "cosine"  # the learning-rate schedule after the warm-up: "cosine" (to 0) | "constant"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "save_every"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
         self.lr = _positive_float("lr", self.lr)
+        if (isinstance(self.warmup_ratio, bool) or not isinstance(self.warmup_ratio, numbers.Real)
+                or not 0 <= self.warmup_ratio < 1):
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {tuple(SCHEDULES)}, got {self.schedule!r}")
         if self.max_length is not None:
             self.max_length = _positive_int("max_length", self.max_length)
         if not isinstance(self.skip_bad_rows, bool):
@@ -183,8 +198,8 @@ def run_trainer(model: nn.Module, dataset, collator, options: TrainOptions, ckpt
         per_device_train_batch_size=layout["per_device_batch_size"],
         gradient_accumulation_steps=layout["grad_accum"],
         learning_rate=options.lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, steps // 20),
+        lr_scheduler_type=SCHEDULES[options.schedule],
+        warmup_steps=warmup_steps(steps, options.warmup_ratio),
         weight_decay=0.0,
         max_grad_norm=1.0,
         logging_steps=max(1, min(50, steps // 10)),

@@ -1,0 +1,162 @@
+"""The PVM block as its authors released it (``PVMMemoryBlock`` of github.com/huaixuheqing/PVM,
+``modeling_file/modeling_qwen3_vl.py``): a bottleneck adapter beside the FFN of a decoder layer.
+
+    q_lat = input_norm(text_reducer h)                 [B, T, p]   h: the residual stream after self-attention
+    v_lat = vision_reducer V                           [B, M, p]   V: inputs_embeds at the visual positions
+    Q = q_norm(q_proj q_lat)  K = k_norm(k_proj v_lat)  Vv = v_proj v_lat     per head (head_dim: the backbone's)
+    m_raw = o_proj softmax(Q K^T / sqrt(head_dim) + mask) Vv                  (fp32 softmax over visual keys only)
+    m = m_raw + mlp(post_attn_norm m_raw)              SwiGLU, intermediate int(p * I / d)
+    out = gate_alpha * rmsnorm(output_expander m) * (1 - visual query)       affine-free RMSNorm, [B, T, d]
+
+``out`` is added to the FFN's output. Parameter names are the release's (``text_reducer``, ``cross_attn.q_proj``,
+``gate_alpha``, ...), so its checkpoint layout maps one to one. Two departures, both documented choices:
+
+- initialisation: the released file zeroes both ``output_expander`` and ``gate_alpha``, so neither gets a gradient
+  (a dead branch). Here the expander starts at the backbone's initialisation (normal, ``initializer_range``) and the
+  gate at 0: the model starts as the base and the gate has a gradient. ``expander_init="zero"`` rebuilds the
+  released construction (to show the trap; tested).
+- numerics: the parameters are kept in fp32 (master weights) whatever the backbone's dtype; the block computes in
+  its parameters' dtype and returns the backbone's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.activations import ACT2FN
+
+from .config import PVMConfig
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Qwen-style RMSNorm: computed in (at least) fp32, cast back, then scaled (``weight``: None for the affine-free
+    norm)."""
+    dtype = x.dtype
+    h = x.to(_at_least_fp32(dtype))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = h.to(dtype)
+    return h if weight is None else weight * h
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.eps, self.weight)
+
+
+class CrossAttention(nn.Module):
+    """Text queries over the visual memory in the latent width ``p``: ``p / head_dim`` query heads, KV heads from the
+    backbone's grouped-query ratio, per-head q / k RMSNorm, no RoPE."""
+
+    def __init__(self, p: int, head_dim: int, gqa_ratio: int, bias: bool, eps: float, dropout: float):
+        super().__init__()
+        if p % head_dim:
+            raise ValueError(f"pvm_hidden_size {p} must be a multiple of the backbone's head_dim {head_dim}")
+        self.head_dim, self.heads = head_dim, p // head_dim
+        self.kv_heads = max(1, self.heads // gqa_ratio)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"pvm_hidden_size {p}: {self.heads} query heads do not group over {self.kv_heads} KV heads")
+        self.q_proj = nn.Linear(p, self.heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(p, self.kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(p, self.kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * head_dim, p, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+        self.dropout = dropout
+
+    def keys_values(self, v_lat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """v_lat [B, M, p] -> keys, values [B, kv_heads, M, head_dim] (keys k-normed)."""
+        b, m, _ = v_lat.shape
+        k = self.k_norm(self.k_proj(v_lat).view(b, m, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(v_lat).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
+        return k, v
+
+    def forward(self, q_lat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
+        """q_lat [B, T, p], keys / values [B, kvh, M, hd], mask [B, M] bool -> ([B, T, p], weights [B, h, T, M])."""
+        b, t, _ = q_lat.shape
+        q = self.q_norm(self.q_proj(q_lat).view(b, t, self.heads, self.head_dim)).transpose(1, 2)  # [B, h, T, hd]
+        groups = self.heads // self.kv_heads
+        k = keys.repeat_interleave(groups, dim=1)  # [B, h, M, hd]
+        v = values.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5  # [B, h, T, M]
+        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+        bias = bias.masked_fill(~mask, torch.finfo(scores.dtype).min)[:, None, None, :]  # [B, 1, 1, M]
+        weights = (scores + bias).softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(q.dtype)
+        weights_used = F.dropout(weights, p=self.dropout, training=self.training)
+        out = (weights_used @ v).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # [B, T, h * hd]
+        return self.o_proj(out), weights
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, p: int, intermediate: int, act: str):
+        super().__init__()
+        self.gate_proj = nn.Linear(p, intermediate, bias=False)
+        self.up_proj = nn.Linear(p, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, p, bias=False)
+        self.act_fn = ACT2FN[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PVMMemoryBlock(nn.Module):
+    """The released block for a backbone whose text config is ``text_config`` (width, heads, FFN ratio, eps)."""
+
+    def __init__(self, text_config, config: PVMConfig):
+        super().__init__()
+        d = text_config.hidden_size
+        heads = text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or d // heads
+        kv = getattr(text_config, "num_key_value_heads", None) or heads
+        eps = getattr(text_config, "rms_norm_eps", 1e-6)
+        p = config.resolve_pvm_hidden_size(d, head_dim)
+        self.hidden, self.pvm_hidden_size, self.eps = d, p, eps
+        self.text_reducer = nn.Linear(d, p, bias=False)
+        self.vision_reducer = nn.Linear(d, p, bias=False)
+        self.output_expander = nn.Linear(p, d, bias=False)
+        self.input_norm = RMSNorm(p, eps)
+        self.post_attn_norm = RMSNorm(p, eps)
+        self.cross_attn = CrossAttention(p, head_dim, max(1, heads // kv), bool(getattr(text_config, "attention_bias",
+                                                                                       False)), eps, config.dropout)
+        self.mlp = SwiGLU(p, int(p * text_config.intermediate_size / d), getattr(text_config, "hidden_act", "silu"))
+        self.gate_alpha = nn.Parameter(torch.zeros(1))
+        std = getattr(text_config, "initializer_range", 0.02)
+        for module in self.modules():  # the backbone's initialisation (its _init_weights: normal Linear, unit norms)
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if config.expander_init == "zero":  # the released file's construction: a branch with no gradient
+            nn.init.zeros_(self.output_expander.weight)
+
+    @property
+    def gate(self) -> torch.Tensor:
+        return self.gate_alpha
+
+    def project_visual(self, visual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The visual side, once per sequence: visual [B, M, d] -> keys, values [B, kv_heads, M, head_dim]."""
+        return self.cross_attn.keys_values(self.vision_reducer(visual.to(self.vision_reducer.weight.dtype)))
+
+    def forward(self, query: torch.Tensor, visual: torch.Tensor, visual_mask: torch.Tensor, text_mask: torch.Tensor,
+                projected: tuple[torch.Tensor, torch.Tensor] | None = None, return_weights: bool = False):
+        """query [B, T, d] (the residual stream after self-attention), visual [B, M, d], visual_mask [B, M] bool,
+        text_mask [B, T] (0: no update here) -> the update [B, T, d] in the query's dtype (and the retrieval weights
+        [B, heads, T, M] with ``return_weights``). Rows with no visual token get zeros."""
+        dtype = self.text_reducer.weight.dtype
+        keys, values = projected if projected is not None else self.project_visual(visual)
+        q_lat = self.input_norm(self.text_reducer(query.to(dtype)))  # [B, T, p]
+        m_raw, weights = self.cross_attn(q_lat, keys, values, visual_mask)  # [B, T, p]
+        m = m_raw + self.mlp(self.post_attn_norm(m_raw))  # [B, T, p]
+        out = self.gate_alpha * rms_norm(self.output_expander(m), self.eps)  # [B, T, d]
+        keep = text_mask.to(dtype)[..., None] * visual_mask.any(-1).to(dtype)[:, None, None]  # [B, T, 1]
+        out = (out * keep).to(query.dtype)
+        return (out, weights) if return_weights else out
