@@ -253,6 +253,7 @@ def test_parameters_at_the_qwen3vl_8b_shape():
                                          vocab_size=151936))
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(cfg)
+        base = sum(p.numel() for p in model.parameters())
         attach_pvm(model, PVMConfig())
         extra = sum(p.numel() for p in pvm_parameters(model))
     assert model._keepsight_pvm.layers == [8, 16, 24]
@@ -261,8 +262,8 @@ def test_parameters_at_the_qwen3vl_8b_shape():
     assert block.mlp.gate_proj.out_features == 1536
     per = 3 * 4096 * 512 + 2 * 512 * 512 + 2 * 512 * 128 + 3 * 512 * 1536 + 2 * 128 + 2 * 512 + 1
     assert extra == 3 * per
-    print(f"released PVM at Qwen3-VL-8B's shape: {extra / 1e6:.2f}M parameters")
-    assert round(extra / 1e6, 2) == 27.92
+    print(f"released PVM at Qwen3-VL-8B's shape: {extra / 1e6:.2f}M parameters, {extra / base:.2%} of {base / 1e9:.2f}B")
+    assert round(extra / 1e6, 2) == 27.92 and round(100 * extra / base, 2) == 0.32  # the paper: 0.32%
 
 
 def test_config_resolves_the_latent_width(processor):

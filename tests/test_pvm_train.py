@@ -24,14 +24,20 @@ def samples():
     return WorldSamples.from_scenes(cfg, generate(cfg, 12, seed=0))
 
 
-def test_sft_trains_only_the_adapter_and_moves_the_gate(base_dir, samples, processor, tmp_path):
+@pytest.mark.parametrize("variant", ["released", "branch"])
+def test_sft_trains_only_the_adapter_and_moves_the_gate(variant, base_dir, samples, processor, tmp_path):
+    from keepsight.pvm import build_block
+
     cfg = PVMTrainConfig(steps=8, lr=1e-2, gate_lr=5e-2, batch_size=4, save_every=4)
-    summary = train_pvm_sft(base_dir, instruct_data(samples), tmp_path / "a", PVMConfig(layers=[1, 2]), cfg,
-                            progress=False)
+    summary = train_pvm_sft(base_dir, instruct_data(samples), tmp_path / "a",
+                            PVMConfig(variant=variant, layers=[1, 2]), cfg, progress=False)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".keepsight", "pvm.safetensors", "pvm_config.json",
                                                                     "pvm_train.json"]
     weights = load_file(str(tmp_path / "a" / "pvm.safetensors"))
-    assert set(weights) == {f"pvm.{i}.{k}" for i in (1, 2) for k in ("down.weight", "up.weight", "gate")}
+    block = build_block(build_model("tiny-llava", processor.tokenizer).config.text_config, PVMConfig(variant=variant))
+    assert set(weights) == {f"pvm.{i}.{k}" for i in (1, 2) for k, _ in block.named_parameters()}
+    if variant == "branch":
+        assert {k for k, _ in block.named_parameters()} == {"down.weight", "up.weight", "gate"}
     assert all(v["gate_mean"] == 0 for v in summary["before"].values())
     assert all(v["relative_norm"] == 0 for v in summary["before"].values())  # identity at init
     assert all(abs(v["gate_mean"]) > 1e-3 and v["relative_norm"] > 0 for v in summary["after"].values())
@@ -85,7 +91,7 @@ def stage1_dir(base_dir, tmp_path_factory):
     attach_pvm(model, PVMConfig(layers=[1, 3]))
     with torch.no_grad():
         for name, p in model.pvm.named_parameters():
-            if name.endswith("gate"):
+            if name.endswith(("gate", "gate_alpha")):
                 p.fill_(0.1)  # a stage-1 adapter that contributes
     save_pvm(model, d)
     return d
@@ -136,6 +142,38 @@ def test_grpo_writes_the_adapter_and_resumes(base_dir, stage1_dir, samples, monk
                                                                     "pvm_grpo.json"]
     assert summary["rewards"] and summary["init"] == str(stage1_dir)
     assert set(summary["after"]) == {"1", "3"}
+
+
+def test_grpo_released_preset_trains_the_language_model_and_writes_the_released_layout(
+        base_dir, stage1_dir, samples, monkeypatch, tmp_path):
+    """The released stage 2: the language model and PVM train (the tower and projector do not); the output is a
+    whole checkpoint in the released layout that the loader reads back with its blocks, resumed exactly."""
+    import keepsight.train.pvm_grpo as g
+    from keepsight.models import load_checkpoint
+    from keepsight.world import rewards
+    from keepsight.world.grpo import world_grpo_data
+    from tiny_checkpoints import load_vlm
+
+    monkeypatch.setattr(rewards, "answer_reward", _varied_reward)
+    cfg = g.GRPOTrainConfig.released(steps=2, num_generations=2, prompts_per_step=2, max_completion_length=6,
+                                     save_every=1, lr=1e-3, gate_lr=1e-3)
+    assert (cfg.trainable, cfg.beta, cfg.loss_type, cfg.schedule, cfg.warmup_ratio) == ("llm+pvm", 0.0, "dapo",
+                                                                                        "constant", 0.0)
+    data = world_grpo_data(samples)
+    assert g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "g", cfg, stop_after=1, progress=False) is None
+    g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "g", cfg, progress=False)
+    model, _ = load_checkpoint(tmp_path / "g", dtype=None, device="cpu")
+    assert model._keepsight_pvm.config.variant == "released" and (tmp_path / "g" / "pvm_grpo.json").is_file()
+    base, _ = load_vlm(base_dir)
+    trained = dict(model.named_parameters())
+    changed = {n for n, p in base.named_parameters() if not torch.equal(trained[n], p)}
+    assert any("language_model" in n for n in changed), "the language model did not train"
+    assert not any("vision_tower" in n or "multi_modal_projector" in n for n in changed), sorted(changed)[:3]
+    uninterrupted = g.train_pvm_grpo(base_dir, stage1_dir, data, tmp_path / "h", cfg, progress=False)
+    again, _ = load_checkpoint(tmp_path / "h", dtype=None, device="cpu")
+    for n, p in again.named_parameters():  # the resumed run ends where the uninterrupted one does
+        assert torch.equal(p, trained[n]), n
+    assert uninterrupted["last_reward"] is not None
 
 
 def test_grpo_dataset_columns(samples):

@@ -12,8 +12,8 @@ KIND = "bench"
 BENCHMARKS = {
     "probe-overhead": lambda a: probe_overhead.run(a.out, batch=a.batch or 8, new_tokens=a.new_tokens,
                                                    repeats=a.repeats or 3),
-    "pvm-decode": lambda a: pvm_decode.run(a.out, batches=a.batch or (1, 4, 8), new_tokens=a.new_tokens,
-                                           repeats=a.repeats or 9),
+    "pvm-decode": lambda a: pvm_decode.run(a.out, batches=a.batch or (1, 4, 8), new_tokens=min(a.new_tokens, 16),
+                                           repeats=a.repeats or 5),
     "bridge-memory": lambda a: bridge_memory.run(a.out, mem_limit_gib=a.mem_limit_gib),
     "needle": lambda a: needle.run(a.out),
     "needle-model": lambda a: needle.run_model(a.out),
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                     "and 8; data: 16")
     bn.add_argument("--new-tokens", type=bounded_int(1, 4096), default=128)
     bn.add_argument("--repeats", type=bounded_int(1, 1000),
-                    help="default: 3 (probe-overhead), 9 interleaved pairs (pvm-decode), 20 (diffusion)")
+                    help="default: 3 (probe-overhead), 5 interleaved runs (pvm-decode), 20 (diffusion)")
     bn.add_argument("--rows", type=bounded_int(1, 10_000_000), default=100_000, help="data: rows of the synthetic "
                     "LLaVA JSON")
     bn.add_argument("--mem-limit-gib", type=positive_float, default=16.0, help="bridge-memory: skip configurations "

@@ -1,10 +1,13 @@
-"""The PVM world experiment (issue 4): four arms from one base, same data, same step budget.
+"""The PVM world experiment: arms from one base, same data, same step budget.
 
 - ``base``: the world's base model;
 - ``pvm_sft``: + PVM, stage 1 (SFT, backbone frozen);
 - ``lora``: + a LoRA with PVM's layers and (nearest) parameter count, the same SFT data and steps: the
   control for "just more trainable parameters";
-- ``pvm_grpo``: + PVM, stage 1 then stage 2 (GRPO with verifiable world rewards).
+- ``pvm_grpo``: + PVM, stage 1 then stage 2 (GRPO with verifiable world rewards);
+- ``full_ft``: every parameter but the tower fine-tuned on the same data (the upper reference);
+
+and the history regime's oracle: the base asked with the image re-inserted just before the question.
 
 Adapters are cached next to the base (their directory names hash their configs), so a rerun only
 evaluates.
@@ -23,6 +26,7 @@ from ..train.finetune import FinetuneConfig, train_finetune
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
+from ..world.evaluate import evaluate_history
 from ..world.grpo import check_tasks, world_grpo_data
 from ..world.tasks import WorldSamples, instruct_data
 from .arm import ExperimentContext, evaluate_arm, relative_change
@@ -104,6 +108,9 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     training["pvm_grpo"], adapters["pvm_grpo"] = _strip(grpo), str(grpo_dir)
 
     arms = {"base": ctx.base}
+    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
+    log("the history regime's oracle: the base with the image again just before the question")
+    oracle = evaluate_history(model, processor, sets.eval, reinsert_image=True)
     for arm in ARMS[1:]:
         if arm == "full_ft":
             if "full_ft" not in adapters:
@@ -120,8 +127,22 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
         "training": training,
         "arms": arms,
         "comparison": compare_arms(arms),
+        "oracle": oracle_summary(oracle, ctx.base["history"]),
         "paper": PAPER,
     }
+
+
+def oracle_summary(oracle: dict, base: dict) -> dict:
+    """The history regime with the image re-inserted before the question, beside the base's: if the oracle recovers
+    the drop, the regime is limited by access to the image (what PVM gives); if not, by something else."""
+    short, long = (str(h) for h in (oracle["lengths"][0], oracle["lengths"][-1]))
+    return {"history": oracle,
+            "short_acc": oracle["by_length"][short]["acc"], "long_acc": oracle["by_length"][long]["acc"],
+            "long_interval": [oracle["by_length"][long]["low"], oracle["by_length"][long]["high"]],
+            "drop": oracle["drop"]["diff"], "drop_interval": [oracle["drop"]["low"], oracle["drop"]["high"]],
+            "base_drop": base["drop"]["diff"], "base_drop_interval": [base["drop"]["low"], base["drop"]["high"]],
+            "base_long_acc": base["by_length"][long]["acc"],
+            "recovered": oracle["by_length"][long]["acc"] - base["by_length"][long]["acc"]}
 
 
 def compare_arms(arms: dict) -> dict:

@@ -102,6 +102,18 @@ def pvm_markdown(res: dict) -> str:
                      f"{fmt(c['relative_norm'])} | {fmt(a.get('entropy'))} | {fmt(b.get('entropy'))} | "
                      f"{fmt(c.get('entropy'))} | {fmt(b.get('max_entropy'))} | {fmt(a.get('query_tv'))} | "
                      f"{fmt(b.get('query_tv'))} | {fmt(c.get('query_tv'))} |")
+    oracle = res.get("oracle")
+    if oracle:
+        lines += ["", "The history regime's oracle (the base asked with the image again just before the question): "
+                  "does access to the image limit the regime?", "",
+                  "| | accuracy, no history | after the longest history | drop [95% interval] |",
+                  "| --- | --- | --- | --- |",
+                  f"| base | {fmt(comp['base']['history_short_acc'])} | {fmt(oracle['base_long_acc'])} | "
+                  f"{fmt(oracle['base_drop'])} [{fmt(oracle['base_drop_interval'][0])}, "
+                  f"{fmt(oracle['base_drop_interval'][1])}] |",
+                  f"| base, image re-inserted | {fmt(oracle['short_acc'])} | {fmt(oracle['long_acc'])} | "
+                  f"{fmt(oracle['drop'])} [{fmt(oracle['drop_interval'][0])}, {fmt(oracle['drop_interval'][1])}] |",
+                  "", f"The re-inserted image changes accuracy after the longest history by {fmt(oracle['recovered'])}."]
     tr = res["training"]
     first, last = tr["pvm_grpo"]["first_reward"] or {}, tr["pvm_grpo"]["last_reward"] or {}
     lines += ["", f"LoRA control: rank {tr['lora']['rank']}, {tr['lora']['lora_parameters']} parameters "

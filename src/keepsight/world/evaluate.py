@@ -128,14 +128,15 @@ HISTORY_LENGTHS = (0, 1, 2, 4, 8, 12, 15)  # turns of text history before the pr
 
 @torch.no_grad()
 def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LENGTHS, seed: int = 0,
-                     batch_size: int = 32, probe: bool = True) -> dict:
+                     batch_size: int = 32, probe: bool = True, reinsert_image: bool = False) -> dict:
     """Accuracy of one fixed visual yes/no question per scene asked after ``h`` turns of history (other questions
     of the scene with their true answers; ``keepsight.world.dialog.history_probe``), for each h in ``lengths``,
     with the share of attention on the image (Omega_V, mean over layers and heads) and TVR at the position that
     answers. Returns per length: ``acc`` with its 95% Wilson interval, ``omega_v``, ``tvr``, ``text_tokens``;
     and ``drop``: accuracy at the shortest minus at the longest history, paired by scene, with a 95% bootstrap
     interval. ``probe=False`` leaves the attention probe out (Omega_V / TVR are then None): for methods that set
-    their own attention function (``keepsight.baselines.PAI``)."""
+    their own attention function (``keepsight.baselines.PAI``). ``reinsert_image``: the oracle - the image again
+    just before the final question (after any history), so that access to the image is no longer in question."""
     lengths = sorted(set(int(h) for h in lengths))
     if not lengths or lengths[0] < 0:
         raise ValueError(f"lengths must be non-negative turn counts, got {lengths}")
@@ -145,7 +146,7 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
     per_length: dict[int, dict] = {}
     hits: dict[int, list[float]] = {}
     for h in lengths:
-        chats = [chat_sample(hist[:h] + [final], img, s.id, answer_last=False)
+        chats = [chat_sample(hist[:h] + [final], img, s.id, answer_last=False, reinsert_image=reinsert_image)
                  for (hist, final), img, s in zip(probes, samples.images, samples.scenes)]
         right, omega, tvr, text = [], [], [], []
         for i in range(0, len(chats), batch_size):

@@ -218,16 +218,22 @@ class VLMDataset(torch.utils.data.Dataset):
         return Sample.single_turn(prompt, answer, image, id=scene_id)
 
 
-def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_last: bool = True) -> Sample:
+def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_last: bool = True,
+                reinsert_image: bool = False) -> Sample:
     """A conversation about one image: the image with the first question, then the turns in order. With
-    ``answer_last=False`` the last question is left for the model (a generation prompt)."""
+    ``answer_last=False`` the last question is left for the model (a generation prompt); ``reinsert_image``: the
+    image again, just before the last question (the history regime's oracle: the image as close as it can be)."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turns[0]["question"]}]}]
     for j, t in enumerate(turns):
         if j:
-            messages.append({"role": "user", "content": [{"type": "text", "text": t["question"]}]})
+            parts = [{"type": "text", "text": t["question"]}]
+            if reinsert_image and j == len(turns) - 1:
+                parts.insert(0, {"type": "image"})
+            messages.append({"role": "user", "content": parts})
         if answer_last or j < len(turns) - 1:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": t["answer"]}]})
-    return Sample(messages, [image], scene_id)
+    images = [image, image] if reinsert_image and len(turns) > 1 else [image]
+    return Sample(messages, images, scene_id)
 
 
 INSTRUCT_TASKS = ("describe", "caption", "yes_no", "open", "cells")
