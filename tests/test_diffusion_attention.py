@@ -138,12 +138,13 @@ def test_probe_matches_a_naive_reference_with_and_without_mrs(vlm, processor, ba
     assert res["profile"]["mask"]["bins"][0] == 1  # a neighbouring mask slot: distance 1, first bin
 
 
-def test_mrs_shifts_logit_share_toward_low_frequencies(vlm, processor, batch):
+def test_mrs_amplitude_reading_shifts_logit_share_toward_low_frequencies(vlm, processor, batch):
+    """Our amplitude reading reweights the pairs' logit parts (the released angle scaling only rotates them)."""
     inputs, P = batch
     tok = processor.tokenizer
 
     def share(beta):
-        with MonotonicRoPEScaling(beta=beta).apply(vlm):
+        with MonotonicRoPEScaling(beta=beta, mode="amplitude").apply(vlm):
             with RoPEAttentionProbe(vlm, gen_start=P, mask_token_id=tok.mask_token_id) as probe, torch.no_grad():
                 vlm(**inputs)
         return probe.result()["profile"]["visual"]["band_share_all"]

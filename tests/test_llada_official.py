@@ -12,8 +12,8 @@ from transformers import LlavaProcessor
 from keepsight.data import Sample, render_prompt
 from keepsight.diffusion import generate
 from keepsight.models import checkpoint_kind, load_checkpoint
-from keepsight.models.llada_official import KNOWN_TOWERS, official_config
-from keepsight.world.models import build_llada_v_siglip
+from keepsight.models.llada_official import KNOWN_TOWERS, LLADA_V_SYSTEM, official_config, shipped_decoding
+from keepsight.world.models import build_llada_v_siglip, llada_style_tokenizer
 from keepsight.world.processor import build_processor
 from tiny_checkpoints import save_tiny_checkpoint
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("llada-v")
     official = save_tiny_checkpoint("tiny-llada-v-official", root / "official")
-    processor = build_processor()
+    processor = build_processor(tokenizer=llada_style_tokenizer())
     model, images = build_llada_v_siglip(processor, seed=0)  # the same seeded weights, transformers' layout
     hf = root / "hf"
     model.save_pretrained(hf)
@@ -47,8 +47,7 @@ def test_official_layout_loads_and_matches_the_hf_layout(dirs):
     assert checkpoint_kind(official) == "llava_llada" and checkpoint_kind(hf) == "llada_v"
     a, pa = load_checkpoint(official, dtype="float32", device="cpu")
     b, pb = load_checkpoint(hf, dtype="float32", device="cpu")
-    enc = _inputs(pa)
-    assert torch.equal(enc["input_ids"], _inputs(pb)["input_ids"])
+    enc = _inputs(pa)  # LLaDA-V's prompt as shipped; the same ids go to both models
     assert int((enc["input_ids"] == a.config.image_token_id).sum()) == 16  # every SigLIP patch, no CLS
     with torch.no_grad():
         torch.testing.assert_close(a(**enc).logits, b(**enc).logits, rtol=1e-5, atol=1e-5)
@@ -77,3 +76,55 @@ def test_official_config_errors_name_the_field(dirs, change, message):
     raw = json.loads((official / "config.json").read_text())
     with pytest.raises(ValueError, match=message):
         official_config({**raw, **change}, official)
+
+
+def test_prompt_as_shipped_system_headers_and_the_dropped_token_after_the_image(dirs):
+    """LLaDA-V's scripts send conv_llava_llada (its system prompt, LLaMA-3 headers, trimmed content) and tokenize it
+    with tokenizer_image_token, which drops the first token after each image; the tokenizer's own template (string
+    content only, no system prompt) is not used."""
+    official, _ = dirs
+    _, proc = load_checkpoint(official, dtype="float32", device="cpu")
+    tok = proc.tokenizer
+    assert "message['content'] | trim" in tok.chat_template  # the directory's own template: string content only
+    img = Image.new("RGB", (64, 64), (200, 20, 20))
+    text = render_prompt(proc, Sample.single_turn("  describe the scene .", image=img))
+    assert text == ("<|startoftext|><|start_header_id|>system<|end_header_id|>\n\n" + LLADA_V_SYSTEM + "<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\n<image>\ndescribe the scene .<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    only_text = render_prompt(proc, Sample.single_turn("what is a scene ?"))
+    assert "<image>" not in only_text and only_text.count(LLADA_V_SYSTEM) == 1
+    enc = proc(text=[text], images=[img], return_tensors="pt")
+    ids = enc["input_ids"][0].tolist()
+    after = ids[max(j for j, t in enumerate(ids) if t == proc.tokenizer.convert_tokens_to_ids("<image>")) + 1:]
+    want = tok("the scene .<|eot_id|><|start_header_id|>assistant<|end_header_id|>", add_special_tokens=False)
+    assert after == want.input_ids  # "describe", the first token after the image, is dropped as shipped
+    assert enc["attention_mask"].shape == enc["input_ids"].shape
+
+
+def test_decoding_as_shipped_bans_and_stop(dirs):
+    official, _ = dirs
+    _, proc = load_checkpoint(official, dtype="float32", device="cpu")
+    tok = proc.tokenizer
+    suppress, stop = shipped_decoding(tok)
+    names = ["<|endoftext|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>"]
+    assert suppress == [tok.convert_tokens_to_ids(n) for n in names] and stop == [tok.convert_tokens_to_ids("<|eot_id|>")]
+    assert shipped_decoding(build_processor().tokenizer) == ([], [])  # not LLaDA's tokenizer: nothing assumed
+
+
+def test_loading_builds_no_random_model_first(dirs, monkeypatch):
+    """The weights load into a model built on the meta device (an 8B LLaDA-V in fp32 would be 34 GB of random
+    weights first): a random initialisation of real memory is an error here (on meta tensors it costs nothing)."""
+    official, _ = dirs
+
+    def guard(init):
+        def run(tensor, *a, **k):
+            if not tensor.is_meta:
+                raise AssertionError("a random initialisation of real memory ran")
+            return init(tensor, *a, **k)
+        return run
+
+    for name in ("kaiming_uniform_", "normal_", "uniform_", "trunc_normal_", "xavier_uniform_"):
+        monkeypatch.setattr(torch.nn.init, name, guard(getattr(torch.nn.init, name)))
+    model, _ = load_checkpoint(official, dtype="bfloat16", device="cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not any(p.is_meta for p in model.parameters())

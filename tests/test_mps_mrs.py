@@ -80,7 +80,7 @@ def test_mrs_hook_scales_the_models_rotary_output_and_is_removed(lm):
     rotary = decoder_stack(lm).rotary_emb
     x, pos = torch.zeros(1, 6, 128), torch.arange(6)[None]
     cos, sin = rotary(x, pos)  # [1, 6, 32]
-    mrs = MonotonicRoPEScaling(beta=0.3)
+    mrs = MonotonicRoPEScaling(beta=0.3, mode="amplitude")
     factor = torch.cat([mrs.gains(32).sqrt()] * 2).float()  # [32]
     with mrs.apply(lm):
         cos2, sin2 = rotary(x, pos)
@@ -89,7 +89,7 @@ def test_mrs_hook_scales_the_models_rotary_output_and_is_removed(lm):
     assert not rotary._forward_hooks and torch.equal(rotary(x, pos)[0], cos)
 
 
-@pytest.mark.parametrize("mode", ["amplitude", "frequency"])
+@pytest.mark.parametrize("mode", ["angle", "amplitude", "frequency"])
 @pytest.mark.parametrize("segments", ["all", ["visual", "generation"]])
 def test_beta_zero_is_bit_identical_on_the_vlm(vlm, vlm_inputs, mode, segments):
     base = vlm(**vlm_inputs).logits
@@ -178,7 +178,7 @@ def _layer_outputs_by_hand(model, e):
 
 
 def test_prior_subspace_is_the_top_pca_directions_of_the_layer_states(lm, processor):
-    mps = MaskPriorSuppression(k=3).fit(lm, processor.tokenizer)
+    mps = MaskPriorSuppression(variant="projection", k=3).fit(lm, processor.tokenizer)
     U = mps.U  # [d, k]
     torch.testing.assert_close(U.T @ U, torch.eye(3), atol=1e-5, rtol=0)
     emb = lm.model.embed_tokens.weight.detach()
@@ -194,7 +194,7 @@ def test_prior_subspace_is_the_top_pca_directions_of_the_layer_states(lm, proces
 @pytest.mark.parametrize("center", [False, True])
 def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, vlm_inputs, processor, center):
     lam = 0.3
-    mps = MaskPriorSuppression(k=3, lam=lam, center=center).fit(vlm, processor.tokenizer)
+    mps = MaskPriorSuppression(variant="projection", k=3, lam=lam, center=center).fit(vlm, processor.tokenizer)
     stack = decoder_stack(vlm)
     grabbed = []
     handle = stack.norm.register_forward_pre_hook(lambda m, a: grabbed.append(a[0][0].detach()))  # [T, d]
@@ -202,7 +202,8 @@ def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, 
         base = vlm(**vlm_inputs).logits
         with mps.apply(vlm):
             vlm(**vlm_inputs)
-        with MaskPriorSuppression(k=3, lam=0.0, center=center).fit(vlm, processor.tokenizer).apply(vlm):
+        with MaskPriorSuppression(variant="projection", k=3, lam=0.0, center=center).fit(vlm,
+                                                                                        processor.tokenizer).apply(vlm):
             assert torch.equal(vlm(**vlm_inputs).logits, base)  # lam = 0: bit-identical
     finally:
         handle.remove()
@@ -219,7 +220,7 @@ def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, 
 
 
 def test_diagnostics(lm, processor):
-    mps = MaskPriorSuppression(k=2).fit(lm, processor.tokenizer)
+    mps = MaskPriorSuppression(variant="projection", k=2).fit(lm, processor.tokenizer)
     inside = torch.randn(2) @ mps.U.T  # in the subspace
     outside = torch.randn(128)
     outside -= mps.U @ (mps.U.T @ outside)
@@ -231,16 +232,17 @@ def test_diagnostics(lm, processor):
 
 def test_priors_layers_and_cache(lm, processor, tmp_path, monkeypatch):
     tok = processor.tokenizer
-    rnd = MaskPriorSuppression(k=4, prior="random", seed=1).fit(lm, tok)
+    proj = dict(variant="projection")
+    rnd = MaskPriorSuppression(k=4, prior="random", seed=1, **proj).fit(lm, tok)
     torch.testing.assert_close(rnd.U.T @ rnd.U, torch.eye(4), atol=1e-5, rtol=0)
-    assert torch.equal(rnd.U, MaskPriorSuppression(k=4, prior="random", seed=1).fit(lm, tok).U)
+    assert torch.equal(rnd.U, MaskPriorSuppression(k=4, prior="random", seed=1, **proj).fit(lm, tok).U)
     freqs = torch.zeros(len(tok))
     freqs[[20, 30, 40]] = torch.tensor([5.0, 9.0, 7.0])
-    top = MaskPriorSuppression(prior="topk", n_prior_tokens=2).fit(lm, tok, token_frequencies=freqs)
+    top = MaskPriorSuppression(prior="topk", n_prior_tokens=2, **proj).fit(lm, tok, token_frequencies=freqs)
     assert top.prior_tokens.tolist() == [30, 40]
-    assert len(MaskPriorSuppression(prior="topk", n_prior_tokens=5).fit(lm, tok).prior_tokens) == 5
+    assert len(MaskPriorSuppression(prior="topk", n_prior_tokens=5, **proj).fit(lm, tok).prior_tokens) == 5
     ids = torch.tensor([[1, 20, 4, 4, 30]])
-    with MaskPriorSuppression(layers=[0, -1], lam=0.5).fit(lm, tok).apply(lm):
+    with MaskPriorSuppression(layers=[0, -1], lam=0.5, **proj).fit(lm, tok).apply(lm):
         assert sum(bool(layer._forward_hooks) for layer in lm.model.layers) == 2
         lm(ids)
     assert not any(layer._forward_hooks for layer in lm.model.layers)
@@ -248,9 +250,9 @@ def test_priors_layers_and_cache(lm, processor, tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("mps-*.safetensors"))) == 1
     import keepsight.diffusion.mps as mps_mod
 
-    monkeypatch.setattr(mps_mod, "layer_states", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
+    monkeypatch.setattr(mps_mod, "released_states", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
     again = MaskPriorSuppression(cache_dir=tmp_path).fit(lm, tok)
-    assert torch.equal(again.U, first.U) and torch.equal(again.mu, first.mu)
+    assert torch.equal(again.U, first.U) and torch.equal(again.mu, first.mu) and torch.equal(again.u, first.u)
 
 
 def _tokenizer_without_mask():
@@ -270,7 +272,9 @@ def test_mps_bad_arguments(lm, processor):
     with pytest.raises(ValueError, match="no mask token"):
         MaskPriorSuppression(k=1).fit(LladaForMaskedDiffusion(cfg), _tokenizer_without_mask())
     with pytest.raises(ValueError, match="out of range"):
-        MaskPriorSuppression(layers=[7]).fit(lm, processor.tokenizer)
+        MaskPriorSuppression(variant="projection", layers=[7]).fit(lm, processor.tokenizer)
+    with pytest.raises(ValueError, match="layers applies only to variant 'projection'"):
+        MaskPriorSuppression(layers=[1])
     with pytest.raises(ValueError, match="fit"):
         with MaskPriorSuppression().apply(lm):
             pass
@@ -303,7 +307,7 @@ def test_with_k_below_the_rank_only_the_top_k_principal_directions_are_removed(p
 
     deep = build_llada_lm(processor.tokenizer, dataclasses.replace(get_preset("tiny-llava"), text_layers=8))
     tok = processor.tokenizer
-    mps = MaskPriorSuppression(k=2, lam=1.0).fit(deep, tok)
+    mps = MaskPriorSuppression(variant="projection", k=2, lam=1.0).fit(deep, tok)
     emb = deep.model.embed_tokens.weight.detach()
     ids = real_vocab_ids(tok, emb.shape[0])
     assert torch.equal(mps.prior_tokens, ids)  # vocab_mean: every ordinary token, nothing else

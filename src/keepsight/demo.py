@@ -91,7 +91,7 @@ BASE_RECIPE = TrainConfig(
 # to 32, one head), stage 1 with the release's schedule (cosine, 10% warm-up, one learning rate for every PVM
 # parameter, the gate included) at the world's learning rate and budget
 PVM_BLOCK = PVMConfig()
-PVM_SFT = PVMTrainConfig(warmup_ratio=0.1, gate_lr=1e-3)
+PVM_SFT = PVMTrainConfig(warmup_ratio=0.1)
 
 # LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
 LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda_spacing": "half_life", "gate": "token"})
@@ -164,12 +164,16 @@ PROFILES = {
                                  # few steps (0.12 at T = 16, where recall is 0.09): the sweeps run at T = 16
                                  block_length=16, sweep_steps=16,
                                  text_layers=8, steps_grid=(4, 8, 16, 32, 64),
+                                 # the released MPS / MRS (lam, k, beta, eta, tau0, schedule), and our earlier
+                                 # readings (MPS's projection: prior, centring, layers; MRS amplitude / frequency)
                                  sweeps={"lam": [0.05, 0.1, 0.3, 0.5, 1.0], "k": [1, 2, 3, 5],
-                                         "prior": ["vocab_mean", "topk", "random"], "center": [False, True],
-                                         "layers": ["final", [-2], [-3, -1]], "beta": [0.01, 0.1, 0.5, 1.0],
-                                         "frequency_beta": [0.01, 0.1, 0.5, 1.0], "eta": [4.0, 8.0, 12.0],
+                                         "beta": [0.01, 0.1, 0.5, 1.0], "eta": [4.0, 8.0, 12.0],
                                          "tau0": [0.3, 0.6, 0.9],
-                                         "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"]})),
+                                         "schedule": ["sigmoid", "cosine", "exponential", "linear", "power"],
+                                         "projection_lam": [0.1, 0.5], "prior": ["vocab_mean", "topk", "random"],
+                                         "center": [False, True], "layers": ["final", [-2], [-3, -1]],
+                                         "amplitude_beta": [0.01, 0.1, 0.5, 1.0],
+                                         "frequency_beta": [0.01, 0.1, 0.5, 1.0]})),
     # `--profile baselines`: VCD, PAI, MemVR and DeCo (paper defaults and a stronger setting) beside PVM stage 1 on
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
     "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,

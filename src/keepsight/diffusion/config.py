@@ -1,4 +1,4 @@
-"""Settings of the two training-free fixes (SPEC section C), with the papers' defaults in one place.
+"""Settings of the two training-free fixes, with the released code's defaults (and the paper's numbers) in one place.
 
 Every consumer (``MaskPriorSuppression``, ``MonotonicRoPEScaling``, the demo's diffusion experiment, the
 lmms-eval model) takes its defaults from these classes. ``PAPER`` names the fields whose defaults are the
@@ -17,7 +17,8 @@ from typing import ClassVar
 from ..ops.rope import SCHEDULES
 
 PRIORS = ("vocab_mean", "topk", "random")
-MODES = ("amplitude", "frequency")
+MODES = ("angle", "amplitude", "frequency")
+VARIANTS = ("released", "projection")
 SEGMENTS = ("visual", "prompt", "generation")
 
 
@@ -48,21 +49,35 @@ class _PaperDefaults:
         return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in d.items()}
 
 
+# MPS fields only the "projection" variant (our earlier reading) reads, with their defaults
+_PROJECTION_ONLY = {"layers": "final", "prior": "vocab_mean", "center": False, "n_prior_tokens": 100, "seed": 0}
+
+
 @dataclass
 class MPSConfig(_PaperDefaults):
-    """Mask Prior Suppression (see ``keepsight.diffusion.mps``)."""
+    """Mask Prior Suppression (see ``keepsight.diffusion.mps``). ``variant="released"`` (default) is the authors'
+    code (github.com/hong-sujung/MPD-PAC); ``variant="projection"`` our earlier reading, with its options."""
 
     PAPER: ClassVar[tuple[str, ...]] = ("k", "lam")
 
-    k: int = 3  # principal directions of the prior subspace (paper: 3)
-    lam: float = 0.1  # share of the prior component removed (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)
+    variant: str = "released"  # "released" | "projection"
+    k: int = 3  # principal directions of the prior subspace (paper and code: 3; clamped to the rank as released)
+    lam: float = 0.1  # suppression strength (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)
+    # projection variant (our reading)
     layers: str | list[int] = "final"  # decoder layers whose output is suppressed ("final" or indices)
     prior: str = "vocab_mean"  # prior direction: vocab_mean | topk | random (the paper's ablation)
-    center: bool = False  # ours: subtract the layer mean before projecting
+    center: bool = False  # subtract the layer mean before projecting
     n_prior_tokens: int = 100  # prior="topk": tokens averaged
     seed: int = 0  # prior="random": the Gaussian basis
 
+    @classmethod
+    def lavida(cls, **overrides) -> MPSConfig:
+        """The paper's LaViDa setting: lam 0.3."""
+        return cls(**{"lam": 0.3, **overrides})
+
     def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if not isinstance(self.prior, str) or self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
         self.k = _number("k", self.k, low=1, integer=True)
@@ -81,20 +96,32 @@ class MPSConfig(_PaperDefaults):
             raise ValueError(f"center must be true or false, got {self.center!r}")
         self.n_prior_tokens = _number("n_prior_tokens", self.n_prior_tokens, low=1, integer=True)
         self.seed = _number("seed", self.seed, low=0, integer=True)
+        if self.variant == "released":
+            stray = [k for k, default in _PROJECTION_ONLY.items() if getattr(self, k) != default]
+            if stray:
+                raise ValueError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} only to variant "
+                                 "'projection' (our earlier reading), not 'released'")
 
 
 @dataclass
 class MRSConfig(_PaperDefaults):
-    """Monotonic RoPE Scaling (see ``keepsight.diffusion.mrs``)."""
+    """Monotonic RoPE Scaling (see ``keepsight.diffusion.mrs``). ``mode="angle"`` (default) is the authors' code;
+    ``amplitude`` and ``frequency`` are our earlier readings."""
 
     PAPER: ClassVar[tuple[str, ...]] = ("beta", "eta", "tau0")
 
-    beta: float = 0.01  # gain strength, g_i = 1 + beta * s(tau_i) (paper: 0.01)
-    eta: float = 8.0  # schedule steepness (paper: 8 for LLaDA-V, 12 for LaViDa)
+    beta: float = 0.01  # strength: angle scale s_i = 1 + beta * y(tau_i) (paper: 0.01; the code's rope = 10 * beta)
+    eta: float = 8.0  # sigmoid steepness (paper: 8 for LLaDA-V, 12 for LaViDa)
     tau0: float = 0.6  # sigmoid midpoint (paper: 0.6)
     schedule: str = "sigmoid"  # sigmoid | cosine | exponential | linear | power (the paper's Table 18)
-    mode: str = "amplitude"  # ours: amplitude (scale each pair's logit part) | frequency (divide inv_freq)
-    segments: str | Iterable[str] = "all"  # tokens scaled: "all" or a subset of visual / prompt / generation
+    mode: str = "angle"  # angle (released: every RoPE angle times s_i) | amplitude | frequency (ours)
+    segments: str | Iterable[str] = "all"  # tokens scaled: "all" (as released) or a subset of visual / prompt /
+    #                                        generation (ours)
+
+    @classmethod
+    def lavida(cls, **overrides) -> MRSConfig:
+        """The paper's LaViDa setting: eta 12 (beta 0.01, tau0 0.6)."""
+        return cls(**{"eta": 12.0, **overrides})
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:

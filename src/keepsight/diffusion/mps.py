@@ -1,7 +1,19 @@
-"""Mask Prior Suppression (MPS, SPEC section C): remove part of the mask-prior subspace from the hidden
-states of still-masked slots.
+"""Mask Prior Suppression (MPS): remove part of the mask prior from the hidden states of still-masked slots.
 
-Fit (once per model): a prior embedding ``e [d]`` (``prior="vocab_mean"``: mean input-embedding row of
+As released (github.com/hong-sujung/MPD-PAC, ``init_prior_lastlayer_subspace_from_32layers`` and the update in
+``generate_with_embeds``; ``variant="released"``, the default):
+
+- fit, once per model: the mean of *every* input-embedding row goes through the model as a one-token sequence
+  (position 0); its hidden states after decoder layers 1 .. L-1 and the final norm's output (transformers'
+  ``hidden_states[1:]``: L rows) are stacked, ``mu`` is their mean, ``V_k [d, k]`` the top-k right singular vectors
+  of the centred stack (k clamped to the rank bound min(L, d)), and ``u [k] = normalize((h_L - mu) V_k)`` with
+  ``h_L`` the last (final-normed) row;
+- apply, at every forward, on the final norm's output (the LM head's input) at still-masked slots:
+  ``z = (h - mu) V_k``, ``a = lam * clamp(cos(z, u), 0, 1)`` (``cos = z.u / (|z| + 1e-6)``), and
+  ``h <- h - a * (z.u) V_k u``: a cosine-gated removal of one direction inside the subspace. The logits follow from
+  the new h. ``lam = 0`` leaves every logit bit-identical.
+
+Our earlier reading, ``variant="projection"``. Fit (once per model): a prior embedding ``e [d]`` (``prior="vocab_mean"``: mean input-embedding row of
 the real vocabulary, special tokens excluded; ``"topk"``: mean embedding of the ``n_prior_tokens`` most
 frequent tokens when ``token_frequencies`` are given, else of the tokens the model ranks highest for a
 lone mask token) goes through the text decoder as a length-1 sequence (position 0, so RoPE is the
@@ -73,6 +85,27 @@ def layer_states(model: torch.nn.Module, embedding: torch.Tensor) -> torch.Tenso
     return torch.stack(collected).float()  # [L, d]
 
 
+@torch.no_grad()
+def released_states(model: torch.nn.Module, embedding: torch.Tensor) -> torch.Tensor:
+    """``[L, d]`` float32: for ``embedding [d]`` fed alone at position 0, the outputs of decoder layers 1 .. L-1 and
+    the final norm's output (transformers' ``hidden_states[1:]``, what the released MPS stacks)."""
+    stack = decoder_stack(model)
+    p = next(stack.parameters())
+    collected: list[torch.Tensor] = []
+
+    def keep(module, args, out):
+        collected.append((out[0] if isinstance(out, tuple) else out)[0, 0])  # [d]
+
+    handles = [layer.register_forward_hook(keep) for layer in stack.layers[:-1]]
+    handles.append(stack.norm.register_forward_hook(keep))
+    try:
+        stack(inputs_embeds=embedding.to(p.device, p.dtype)[None, None], use_cache=False)  # [1, 1, d]
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(collected).float()  # [L, d]
+
+
 def prior_cosine(hidden: torch.Tensor, U: torch.Tensor, mu: torch.Tensor | None = None) -> torch.Tensor:
     """``||U U^T h|| / ||h||`` per vector (``h - mu`` when mu is given): ``[..., d] -> [...]``."""
     h = hidden.float() - (mu.float().to(hidden.device) if mu is not None else 0.0)
@@ -94,6 +127,7 @@ class MaskPriorSuppression:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.U: torch.Tensor | None = None  # [d, k]
         self.mu: torch.Tensor | None = None  # [d]
+        self.u: torch.Tensor | None = None  # [k] the released variant's direction inside the subspace
         self.mask_token_id: int | None = None
         self.prior_tokens: torch.Tensor | None = None  # ids averaged into the prior embedding
 
@@ -125,7 +159,7 @@ class MaskPriorSuppression:
         """Hash of the fit settings, the model config and a strided sample of every weight (not all bytes)."""
         stack = decoder_stack(model)
         h = hashlib.sha256()
-        h.update(json.dumps([self.k, self.prior, self.n_prior_tokens, self.seed, len(tokenizer),
+        h.update(json.dumps([self.variant, self.k, self.prior, self.n_prior_tokens, self.seed, len(tokenizer),
                              sorted(special_token_ids(tokenizer))]).encode())
         h.update(stack.config.to_json_string().encode())
         for name, p in stack.named_parameters():
@@ -136,7 +170,7 @@ class MaskPriorSuppression:
         return h.hexdigest()[:24]
 
     def fit(self, model, tokenizer, token_frequencies=None) -> MaskPriorSuppression:
-        """Compute (or load from ``cache_dir``) the prior subspace ``U [d, k]`` and ``mu [d]``."""
+        """Compute (or load from ``cache_dir``) the prior subspace ``U [d, k]``, ``mu [d]`` (and, released, ``u``)."""
         stack = decoder_stack(model)
         d = stack.config.hidden_size
         if self.k > d:
@@ -148,9 +182,12 @@ class MaskPriorSuppression:
             path = self.cache_dir / f"mps-{self._fingerprint(model, tokenizer)}.safetensors"
             if path.exists():
                 saved = load_file(str(path))
-                self.U, self.mu = saved["U"], saved["mu"]
+                self.U, self.mu, self.u = saved["U"], saved["mu"], saved.get("u")
                 return self
-        if self.prior == "random":
+        if self.variant == "released":
+            emb = stack.embed_tokens.weight.detach()  # [V, d]: every row, as released
+            self.U, self.mu, self.u = released_basis(released_states(model, emb.mean(0)), self.k)
+        elif self.prior == "random":
             g = torch.Generator().manual_seed(self.seed)
             self.U = torch.linalg.qr(torch.randn(d, self.k, generator=g, dtype=torch.float64))[0].float()
             self.mu = torch.zeros(d)
@@ -160,7 +197,10 @@ class MaskPriorSuppression:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
-            save_file({"U": self.U.contiguous(), "mu": self.mu.contiguous()}, str(tmp))
+            tensors = {"U": self.U.contiguous(), "mu": self.mu.contiguous()}
+            if self.u is not None:
+                tensors["u"] = self.u.contiguous()
+            save_file(tensors, str(tmp))
             tmp.replace(path)
         return self
 
@@ -172,11 +212,22 @@ class MaskPriorSuppression:
         return check_layers(self.layers, n_layers)
 
     def suppress(self, h: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        """``h [B, T, d]`` with ``lam`` of its prior-subspace component removed where ``where [B, T]``."""
+        """``h [B, T, d]`` with the prior suppressed where ``where [B, T]`` (released: the cosine-gated removal of
+        ``(z.u) V_k u``; projection: ``lam`` of the subspace component)."""
+        if self.variant == "released":
+            return self._suppress_released(h, where)
         U, mu = self.U.to(h.device), self.mu.to(h.device)  # [d, k], [d]
         hf = h.float()
         coef = ((hf - mu) if self.center else hf) @ U  # [B, T, k]
         new = (hf - self.lam * (coef @ U.T)).to(h.dtype)  # [B, T, d]
+        return torch.where(where[..., None].to(h.device), new, h)
+
+    def _suppress_released(self, h: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        V, mu, u = self.U.to(h.device), self.mu.to(h.device), self.u.to(h.device)  # [d, k], [d], [k]
+        z = (h.float() - mu) @ V  # [B, T, k]
+        along = z @ u  # [B, T]: z.u
+        cos = (along / (z.norm(dim=-1) + 1e-6)).clamp(0.0, 1.0)  # [B, T]
+        new = (h.float() - (self.lam * cos * along)[..., None] * (V @ u)).to(h.dtype)  # [B, T, d]
         return torch.where(where[..., None].to(h.device), new, h)
 
     @contextmanager
@@ -213,12 +264,25 @@ class MaskPriorSuppression:
         try:
             if not isinstance(mask_positions, torch.Tensor):
                 handles.append(model.register_forward_pre_hook(grab, with_kwargs=True))
-            for i in self._layer_indices(len(stack.layers)):
-                handles.append(stack.layers[i].register_forward_hook(hook))
+            if self.variant == "released":  # the final norm's output: the LM head's input
+                handles.append(stack.norm.register_forward_hook(hook))
+            else:
+                for i in self._layer_indices(len(stack.layers)):
+                    handles.append(stack.layers[i].register_forward_hook(hook))
             yield self
         finally:
             for h in handles:
                 h.remove()
+
+
+def released_basis(states: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The released fit from ``states [L, d]`` (``released_states``): ``V_k [d, k']`` (k' = min(k, L, d): the
+    release clamps k to the rows of its SVD), ``mu [d]``, ``u [k']``."""
+    mu = states.mean(0)  # [d]
+    _, _, Vh = torch.linalg.svd(states - mu, full_matrices=False)  # [min(L, d), d], fp32 as released
+    V = Vh[: min(int(k), Vh.shape[0])].T.contiguous()  # [d, k']
+    u = torch.nn.functional.normalize((states[-1] - mu) @ V, dim=-1)  # [k']
+    return V, mu, u
 
 
 def pca_basis(states: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

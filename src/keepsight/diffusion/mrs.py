@@ -1,7 +1,13 @@
-"""Monotonic RoPE Scaling (MRS) and the NTK / YaRN drop-in baselines (SPEC section C).
+"""Monotonic RoPE Scaling (MRS) and the NTK / YaRN drop-in baselines.
 
-MRS reweights RoPE's frequency pairs with gains ``g_i = 1 + beta * s(tau_i)`` that grow toward the low
-frequencies (``keepsight.ops.rope``). Our reading of the paper (it gives no formula):
+As released (github.com/hong-sujung/MPD-PAC, ``LLaDARotaryEmbedding.make_monotonic_freq_mask``; ``mode="angle"``,
+the default): every RoPE angle ``position * inv_freq_i`` is multiplied by ``s_i = 1 + beta * y(tau_i)``,
+``tau_i = i / (D/2 - 1)`` over the frequency index (0: the highest), the same scale for both dims of a pair, for
+every token (``keepsight.ops.rope.angle_scales``; its ``rope`` argument is ``10 * beta``). Since the angle is linear
+in the position this is ``inv_freq_i * s_i``, swapped into the rotary module inside ``apply``.
+
+Our earlier readings reweight RoPE's frequency pairs with gains ``g_i = 1 + beta * s(tau_i)`` that grow toward the
+low frequencies (``keepsight.ops.rope``):
 
 - ``mode="amplitude"`` (default): the attention-logit contribution of pair i is multiplied by g_i. A
   forward hook on the text model's rotary module scales its ``(cos, sin) [B, T, D]`` output for pair i
@@ -33,7 +39,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..models.arch import decoder_stack
 from ..models.arch import image_token_id as config_image_token_id
-from ..ops.rope import rope_gains, scale_rotary, scaled_inv_freq
+from ..ops.rope import angle_scaled_inv_freq, angle_scales, rope_gains, scale_rotary, scaled_inv_freq
 from .config import MODES, SEGMENTS, MRSConfig  # noqa: F401  (the mode / segment names, re-exported)
 
 
@@ -65,7 +71,9 @@ class MonotonicRoPEScaling:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def gains(self, head_dim: int) -> torch.Tensor:
-        """``g [head_dim / 2]`` (float64)."""
+        """Per pair ``[head_dim / 2]`` (float64): the angle scales ``s`` (angle mode) or the gains ``g`` (ours)."""
+        if self.mode == "angle":
+            return angle_scales(head_dim, self.beta, self.eta, self.tau0, self.schedule)
         return rope_gains(head_dim, self.beta, self.eta, self.tau0, self.schedule)
 
     def _segment_where(self, ids: torch.Tensor, gen_start, image_token_id) -> torch.Tensor:
@@ -113,7 +121,7 @@ class MonotonicRoPEScaling:
             return self._segment_where(state["ids"], gen_start, image_token_id)
 
         original = (rotary.inv_freq, rotary.attention_scaling)
-        new_freq = scaled_inv_freq(rotary.inv_freq, gains)
+        new_freq = (angle_scaled_inv_freq if self.mode == "angle" else scaled_inv_freq)(rotary.inv_freq, gains)
 
         def amplitude_hook(module, args, kwargs, out):
             cos, sin = out  # [B|1, T, D]

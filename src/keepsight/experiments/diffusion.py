@@ -1,6 +1,9 @@
-"""The diffusion world experiment (issue 6): a tiny LLaDA-V-style VLM trained on the world, described with
+"""The diffusion world experiment: a tiny LLaDA-V-style VLM trained on the world, described with
 64-token windows by the LLaDA-style sampler, with and without Mask Prior Suppression and Monotonic RoPE
 Scaling (and NTK / YaRN in place of MRS).
+
+MPS and MRS are the released ones (their defaults); the sweeps also run our earlier readings (MPS's projection
+variant: its prior directions, centring, layers; MRS's amplitude and frequency modes over beta).
 
 Measured per (method, steps T): distinct-2, consecutive repetition ratio, the share of repeated tokens
 that are among the uncontextualised mask token's top-10 predictions (the paper: over 95%), CHAIR /
@@ -37,6 +40,7 @@ from ..diffusion import (
 )
 from ..metrics import chair, distinct_n, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
+from ..models.llada_official import shipped_decoding
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
@@ -96,7 +100,9 @@ class DiffusionExperiment:
         return "describe_varied" in self.tasks + (self.finetune_tasks if self.finetune else ())
 
 
-MPS_SWEEP = ("lam", "k", "prior", "center", "layers")  # sweep parameters that set MPS (the rest set MRS)
+MPS_SWEEP = ("lam", "k")  # sweep parameters of the released MPS
+PROJECTION_SWEEP = ("prior", "center", "layers", "projection_lam")  # of our earlier reading (variant "projection")
+MRS_MODE_SWEEP = {"amplitude_beta": "amplitude", "frequency_beta": "frequency"}  # our readings of MRS, over beta
 
 
 def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
@@ -123,7 +129,8 @@ class _Runner:
         with torch.no_grad():
             self.top10 = set(lone_mask_logits(model, tok.mask_token_id).topk(10).indices.tolist())
         self.top10_tokens = tok.convert_ids_to_tokens(sorted(self.top10))
-        self.suppress = [tok.pad_token_id, tok.bos_token_id]
+        suppress, _ = shipped_decoding(tok)  # LLaDA-V's bans as shipped; the world's tokenizer has none of them
+        self.suppress = suppress or [tok.pad_token_id, tok.bos_token_id]
 
     def method(self, name: str, mps_kw: dict, mrs_kw: dict):
         stack = contextlib.ExitStack()
@@ -165,13 +172,16 @@ class _Runner:
 
 
 def prior_cosine_per_step(runner: _Runner, steps: int, mps_kw: dict) -> dict:
-    """Mean |cos| of still-masked final-layer hidden states to the prior subspace at every sampler step,
-    with and without MPS (captured after MPS's own hook, i.e. what the final norm and head see)."""
+    """Mean |cos| of still-masked hidden states to the prior subspace at every sampler step, with and without MPS:
+    the LM head's input (released MPS acts there; centred on mu) or the last layer's output (our projection reading),
+    captured after MPS's own hook."""
     fitted = MaskPriorSuppression(**mps_kw).fit(runner.model, runner.processor.tokenizer)
-    return {name: _cosine_curve(runner, steps, name, mps_kw, fitted.U) for name in ("none", "mps")}
+    mu = fitted.mu if fitted.variant == "released" else None
+    return {name: _cosine_curve(runner, steps, name, mps_kw, fitted.U, mu) for name in ("none", "mps")}
 
 
-def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch.Tensor) -> list[float]:
+def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch.Tensor,
+                  mu: torch.Tensor | None) -> list[float]:
     mask_id = runner.processor.tokenizer.mask_token_id
     curve: list[float] = []
     ids_box: dict = {}
@@ -183,11 +193,13 @@ def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch
         h = output[0] if isinstance(output, tuple) else output  # [B, T, d]
         where = ids_box["ids"] == mask_id  # [B, T]
         if where.any():
-            curve.append(float(prior_cosine(h[where].float(), U, None).abs().mean()))
+            curve.append(float(prior_cosine(h[where].float(), U, mu).abs().mean()))
 
     handles = [runner.model.register_forward_pre_hook(grab, with_kwargs=True)]
     with runner.method(name, mps_kw, {}):
-        handles.append(decoder_stack(runner.model).layers[-1].register_forward_hook(keep))  # after MPS's hook
+        stack = decoder_stack(runner.model)
+        where_mps = stack.norm if mu is not None else stack.layers[-1]
+        handles.append(where_mps.register_forward_hook(keep))  # after MPS's hook
         try:
             runner.run(steps)
         finally:
@@ -254,8 +266,10 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
         for v in values:
             if param in MPS_SWEEP:
                 r = runner.run(T, "mps", {**exp.mps, param: v})
-            elif param == "frequency_beta":  # MRS in frequency mode (inv_freq / g_i) at each beta
-                r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, "mode": "frequency", "beta": v})
+            elif param in PROJECTION_SWEEP:
+                r = runner.run(T, "mps", {**exp.mps, "variant": "projection", param.removeprefix("projection_"): v})
+            elif param in MRS_MODE_SWEEP:  # our readings of MRS (amplitude: g_i on the logit part; frequency: / g_i)
+                r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, "mode": MRS_MODE_SWEEP[param], "beta": v})
             else:
                 r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, param: v})
             sweeps.append({"param": param, "value": v, **{k: r[k] for k in r if k != "example"}})

@@ -72,6 +72,7 @@ from ..baselines import build_baseline
 from ..data import padding_side
 from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, MPSConfig, MRSConfig, generate
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from ..models.llada_official import shipped_decoding
 from ..pvm import load_pvm
 from ..train.distributed import process_rank
 from .model_args import (
@@ -438,7 +439,9 @@ class KeepsightLMM:
     def _diffuse(self, enc, s: dict) -> torch.Tensor:
         gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
         tok = self.tokenizer
-        suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
+        suppress, stop = shipped_decoding(tok)  # LLaDA-V's bans at mask slots and its <|eot_id|> stop, as shipped
+        if not suppress:  # another tokenizer: pad and bos are never generated
+            suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
         prompt_len = enc["input_ids"].shape[1]
         with contextlib.ExitStack() as stack:
@@ -451,7 +454,7 @@ class KeepsightLMM:
                            temperature=s["temperature"] if s["do_sample"] else 0.0, cfg_scale=self.cfg_scale,
                            remasking=self.remasking, suppress_token_ids=suppress,
                            generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra)
-        eos, pad = self._eos_ids(), tok.pad_token_id if tok.pad_token_id is not None else 0
+        eos, pad = self._eos_ids() | set(stop), tok.pad_token_id if tok.pad_token_id is not None else 0
         rows = []
         for row in out.generated.tolist():  # cut at the first end-of-sequence token, pad to a rectangle
             rows.append(row[: next((j for j, t in enumerate(row) if t in eos), len(row))])

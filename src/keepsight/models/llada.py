@@ -48,6 +48,7 @@ import re
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from huggingface_hub.dataclasses import strict
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -245,9 +246,11 @@ def map_checkpoint_keys(state: dict[str, torch.Tensor], target: str = "lm",
     return out
 
 
-def load_mapped_state(model: torch.nn.Module, state: dict[str, torch.Tensor], target: str, drop=()) -> None:
+def load_mapped_state(model: torch.nn.Module, state: dict[str, torch.Tensor], target: str, drop=(),
+                      assign: bool = False) -> None:
     """Map ``state`` (see ``map_checkpoint_keys``) and load it strictly into ``model``.
-    ``drop``: regexes of source keys to discard knowingly (e.g. LLaVA-OneVision's ``model.image_newline``)."""
+    ``drop``: regexes of source keys to discard knowingly (e.g. LLaVA-OneVision's ``model.image_newline``).
+    ``assign``: the checkpoint's tensors become the parameters (a model built on the meta device)."""
     state = {k: v for k, v in state.items() if not any(re.search(p, k) for p in drop)}
     own = model.state_dict()
     mapped = map_checkpoint_keys(state, target, any(_TOWER_WRAPPER.match(k) for k in own))
@@ -262,7 +265,7 @@ def load_mapped_state(model: torch.nn.Module, state: dict[str, torch.Tensor], ta
     for k, v in mapped.items():
         if v.shape != own[k].shape:
             raise ValueError(f"checkpoint key {k!r} has shape {tuple(v.shape)}, the model wants {tuple(own[k].shape)}")
-    model.load_state_dict(mapped, strict=True)
+    model.load_state_dict(mapped, strict=True, assign=assign)
 
 
 def llada_config_from_olmo(d: dict) -> LladaConfig:
@@ -342,13 +345,16 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
             raise ValueError(f"config.json has model_type {raw.get('model_type')!r}; expected 'llava' (with a "
                              "'llada' text_config) or 'llada', or pass config=")
     if isinstance(config, LladaConfig):
-        model, target = LladaForMaskedDiffusion(config), "lm"
+        cls, target = LladaForMaskedDiffusion, "lm"
     elif getattr(getattr(config, "text_config", None), "model_type", None) == "llada":
-        model, target = LlavaForConditionalGeneration(config), "vlm"
+        cls, target = LlavaForConditionalGeneration, "vlm"
     else:
         raise ValueError(f"config {type(config).__name__} is neither a LladaConfig nor a LLaVA config with a "
                          "'llada' text_config")
+    with init_empty_weights():  # parameters on the meta device: no random model is built before the weights load
+        model = cls(config)
+    state = _read_safetensors(directory)
     if dtype is not None:
-        model = model.to(dtype)
-    load_mapped_state(model, _read_safetensors(directory), target, drop)
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    load_mapped_state(model, state, target, drop, assign=True)
     return model.eval()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from transformers import (
     AutoTokenizer,
     LlavaConfig,
@@ -51,14 +52,25 @@ TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "hidden_act",
                "attention_bias", "pad_token_id", "bos_token_id", "eos_token_id")
 
-# LLaDA-V's conversation layout (LLaMA-3 headers), written as a Jinja template for the processor
+# LLaDA-V's conversation as its scripts send it (conv_llava_llada in the LLaVA repository's conversation.py, rendered
+# by the tokenizer's template): the system prompt first, LLaMA-3 headers, each content trimmed, every turn ended by
+# <|eot_id|>; an image question is its images' placeholders joined by spaces, a newline, then the text
+LLADA_V_SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content "
+                  "that the user provides, and assist the user with a variety of tasks using natural language.")
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|eot_id|>{% endfor %}"
+    "{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start_header_id|>system<|end_header_id|>\n\n"
+    + LLADA_V_SYSTEM + "<|eot_id|>{% endif %}"
+    "{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
+    "{% set images = message['content'] | selectattr('type', 'equalto', 'image') | list %}"
+    "{% set texts = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') %}"
+    "{% if images %}{{ (['<image>'] * (images | length)) | join(' ') }}\n{% endif %}{{ texts | trim }}{% endif %}"
+    "<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+# what LLaDA-V's sampler bans at still-masked slots, and where its answers end (LLaDA-V's generate_with_embeds)
+SHIPPED_SUPPRESS = ("<|endoftext|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>")
+SHIPPED_STOP = "<|eot_id|>"
 
 
 def _tower_config(raw: dict, directory: Path) -> tuple[SiglipVisionConfig, Path | None]:
@@ -119,8 +131,71 @@ def official_config(raw: dict, directory: str | Path) -> LlavaConfig:
                        tie_word_embeddings=False)
 
 
-def official_processor(directory: str | Path, config: LlavaConfig) -> LlavaProcessor:
-    """The processor of an official LLaDA-V directory (see the module docstring)."""
+def shipped_decoding(tokenizer) -> tuple[list[int], list[int]]:
+    """``(suppress_ids, stop_ids)`` of LLaDA-V's sampler as shipped, looked up in ``tokenizer``: the end / start of
+    text and the header ids get -inf at still-masked slots, and an answer ends before the first ``<|eot_id|>``.
+    A tokenizer without those tokens (not LLaDA's) gives ``([], [])``."""
+    def ids(names):
+        found = [tokenizer.convert_tokens_to_ids(n) for n in names]
+        return [int(i) for i in found if i is not None and i != tokenizer.unk_token_id]
+
+    return ids(SHIPPED_SUPPRESS), ids([SHIPPED_STOP])
+
+
+class LladaVProcessor(LlavaProcessor):
+    """LLaDA-V's processor as its scripts run: LlavaProcessor's images and text, LLaDA-V's conversation template, and
+    the ids its ``tokenizer_image_token`` makes. That function tokenizes the prompt in pieces around each
+    ``<image>`` and, because the template's text already starts with the bos token, drops the first token of every
+    piece after an image (for LLaDA's tokenizer: the newline after the image); this processor drops the same
+    token, so the ids equal the shipped inference's. Saved, it is a plain ``LlavaProcessor`` (without the drop)."""
+
+    def __call__(self, images=None, text=None, **kwargs):
+        out = super().__call__(images=images, text=text, **kwargs)
+        if text is None or "input_ids" not in out:
+            return out
+        ids, mask = out["input_ids"], out.get("attention_mask")
+        tensor = isinstance(ids, torch.Tensor)
+        rows = ids.tolist() if tensor else [list(r) for r in ([ids] if ids and isinstance(ids[0], int) else ids)]
+        keep = mask.tolist() if tensor and mask is not None else [[1] * len(r) for r in rows]
+        image_id, bos = self.tokenizer.convert_tokens_to_ids(self.image_token), self.tokenizer.bos_token_id
+        kept = []
+        for row, m in zip(rows, keep):
+            real = [t for t, on in zip(row, m) if on]
+            if real and real[0] == bos:
+                real = [t for j, t in enumerate(real) if not (j and real[j - 1] == image_id and t != image_id)]
+            kept.append(real)
+        width = max(len(r) for r in kept)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        left = self.tokenizer.padding_side == "left"
+
+        def padded(r, fill):
+            extra = [fill] * (width - len(r))
+            return extra + r if left else r + extra
+
+        new_ids = [padded(r, pad) for r in kept]
+        new_mask = [padded([1] * len(r), 0) for r in kept]
+        if tensor:
+            out["input_ids"] = torch.tensor(new_ids, dtype=ids.dtype)
+            if mask is not None:
+                out["attention_mask"] = torch.tensor(new_mask, dtype=mask.dtype)
+            if "mm_token_type_ids" in out:
+                out["mm_token_type_ids"] = (out["input_ids"] == image_id).to(out["mm_token_type_ids"].dtype)
+        else:
+            out["input_ids"] = new_ids if len(new_ids) > 1 or not isinstance(ids[0], int) else new_ids[0]
+        return out
+
+    def save_pretrained(self, save_directory, **kwargs):
+        plain = LlavaProcessor(image_processor=self.image_processor, tokenizer=self.tokenizer, patch_size=self.patch_size,
+                               vision_feature_select_strategy=self.vision_feature_select_strategy,
+                               chat_template=self.chat_template, image_token=self.image_token,
+                               num_additional_image_tokens=self.num_additional_image_tokens)
+        return plain.save_pretrained(save_directory, **kwargs)
+
+
+def official_processor(directory: str | Path, config: LlavaConfig) -> LladaVProcessor:
+    """The processor of an official LLaDA-V directory (see the module docstring). The tokenizer's own chat template is
+    not used: LLaDA-V's renders string content only and has no system prompt; its scripts send the conversation
+    above."""
     directory = Path(directory)
     raw = json.loads((directory / "config.json").read_text())
     _, local = _tower_config(raw, directory)
@@ -133,7 +208,6 @@ def official_processor(directory: str | Path, config: LlavaConfig) -> LlavaProce
         images = SiglipImageProcessorPil(size={"height": vision.image_size, "width": vision.image_size},
                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
     tok = _tokenizer(directory)
-    template = getattr(tok, "chat_template", None) or CHAT_TEMPLATE
-    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=vision.patch_size,
-                          vision_feature_select_strategy="full", num_additional_image_tokens=0,
-                          image_token="<image>", chat_template=template)
+    return LladaVProcessor(image_processor=images, tokenizer=tok, patch_size=vision.patch_size,
+                           vision_feature_select_strategy="full", num_additional_image_tokens=0,
+                           image_token="<image>", chat_template=CHAT_TEMPLATE)

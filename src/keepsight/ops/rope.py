@@ -8,7 +8,9 @@ the highest frequency. ``tau_i = i / (D/2 - 1)`` runs from 0 (highest) to 1 (low
 Schedules ``s(tau)`` map [0, 1] onto [0, 1], monotone increasing, ``s(0) = 0`` and ``s(1) = 1``:
 sigmoid ``(sig(eta (tau - tau0)) - sig(-eta tau0)) / (sig(eta (1 - tau0)) - sig(-eta tau0))``,
 cosine ``(1 - cos(pi tau)) / 2``, exponential ``(exp(eta tau) - 1) / (exp(eta) - 1)``, linear ``tau``,
-power ``tau ** eta``. The gain of pair i is ``g_i = 1 + beta * s(tau_i)``.
+power ``tau ** eta``. The gain of pair i is ``g_i = 1 + beta * s(tau_i)`` (our readings, the amplitude and frequency
+modes). The released MRS (``angle_scales``) multiplies the angles by ``1 + beta * y(tau_i)`` with the release's own
+ramps (``released_ramp``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,36 @@ def rope_gains(head_dim: int, beta: float, eta: float = 8.0, tau0: float = 0.6,
     return 1.0 + beta * s
 
 
+def released_ramp(tau: torch.Tensor, kind: str = "sigmoid", eta: float = 8.0, tau0: float = 0.6) -> torch.Tensor:
+    """The ramp ``y(tau)`` of the released MRS code (MPD-PAC's ``make_monotonic_freq_mask``): linear ``tau``, power
+    ``tau ** 2``, exponential ``(exp(4 tau) - 1) / (exp(4) - 1)``, sigmoid ``sig(eta (tau - tau0))`` (not rescaled:
+    y(0) > 0), cosine ``(1 - cos(pi tau)) / 2``. ``eta`` and ``tau0`` shape the sigmoid only."""
+    tau = tau.to(torch.float64)
+    if kind == "sigmoid":
+        return torch.sigmoid(eta * (tau - tau0))
+    if kind == "cosine":
+        return (1 - torch.cos(math.pi * tau)) / 2
+    if kind == "exponential":
+        return torch.expm1(4.0 * tau) / math.expm1(4.0)
+    if kind == "linear":
+        return tau.clone()
+    if kind == "power":
+        return tau**2
+    raise ValueError(f"unknown schedule {kind!r}; choose from {SCHEDULES}")
+
+
+def angle_scales(head_dim: int, beta: float, eta: float = 8.0, tau0: float = 0.6,
+                 schedule_kind: str = "sigmoid") -> torch.Tensor:
+    """The released MRS: per-pair scales ``s [head_dim / 2]`` (float64) of the RoPE angles,
+    ``s_i = 1 + beta * y(tau_i)`` (``released_ramp``); all ones at beta = 0. The released code's ``rope`` argument is
+    ``10 * beta`` (it writes ``1 + 0.1 * rope * y``): the paper's beta = 0.01 is its rope = 0.1."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    return 1.0 + beta * released_ramp(frequency_positions(head_dim // 2), schedule_kind, eta, tau0)
+
+
 def pair_to_dims(pair_values: torch.Tensor) -> torch.Tensor:
     """``[..., D/2]`` per-pair values -> ``[..., D]`` per-dim values (pair i fills dims i and i + D/2)."""
     return torch.cat([pair_values, pair_values], dim=-1)
@@ -87,6 +119,12 @@ def scale_rotary(cos: torch.Tensor, sin: torch.Tensor, gains: torch.Tensor,
 def scaled_inv_freq(inv_freq: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     """Frequency mode: ``inv_freq_i / g_i`` (pair i rotates g_i times slower)."""
     return (inv_freq.double() / gains.to(inv_freq.device)).to(inv_freq.dtype)
+
+
+def angle_scaled_inv_freq(inv_freq: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The released MRS as an inverse frequency: ``inv_freq_i * s_i`` (the angle ``position * inv_freq_i`` times
+    ``s_i``, for every position; pair i rotates s_i times faster)."""
+    return (inv_freq.double() * scales.to(inv_freq.device)).to(inv_freq.dtype)
 
 
 # ----------------------------------------------------------------------------- reference RoPE

@@ -165,7 +165,8 @@ def diffusion_markdown(res: dict) -> str:
     lines += [f"| {r[0]} | {r[1]} | " + " | ".join(fmt(x) for x in r[2:]) + " |" for r in _grid_rows(res)]
     if res.get("sweeps"):
         header = ["parameter", "value"] + [c for c, _ in COLUMNS[:-1]]
-        lines += ["", f"Sweeps at T = {cfg['sweep_steps']} (MPS parameters with MPS on, the rest with MRS on):", "",
+        lines += ["", f"Sweeps at T = {cfg['sweep_steps']} (released MPS: lam, k; released MRS: beta, eta, tau0, schedule; our "
+                  "earlier readings: projection_lam, prior, center, layers (MPS), amplitude_beta, frequency_beta (MRS)):", "",
                   "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
         lines += ["| " + " | ".join(fmt(x) for x in [s["param"], s["value"]] + [s[k] for _, k in COLUMNS[:-1]]) + " |"
                   for s in res["sweeps"]]

@@ -32,7 +32,7 @@ from transformers import (
 
 from ..atomic import atomic_save_dir
 from ..models import LladaConfig, LladaForMaskedDiffusion, QwenImageProcessor, register_model_types
-from .processor import CHAT_TEMPLATE, build_processor
+from .processor import CHAT_TEMPLATE, build_processor, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,28 @@ def build_llada_v_siglip(processor, preset: str | TinyPreset = "tiny-llava", see
     return LlavaForConditionalGeneration(cfg).eval(), images
 
 
+# LLaDA's special tokens (names as in its tokenizer) and the tokenizer's own chat template, which renders string
+# content only (LLaDA-V's tokenizer_config.json)
+LLADA_SPECIAL = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                 "mask_token": "<|mdm_mask|>"}
+LLADA_TOKENIZER_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}")
+
+
+def llada_style_tokenizer():
+    """The world tokenizer with LLaDA's special tokens (start / end of text, the header ids, ``<|eot_id|>``, the mask
+    ``<|mdm_mask|>``) as its bos / eos / pad / mask, and LLaDA-V's tokenizer template: what a tiny directory in the
+    released LLaDA-V layout carries."""
+    tok = build_tokenizer()
+    tok.add_special_tokens({**LLADA_SPECIAL, "additional_special_tokens": [
+        "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}, replace_extra_special_tokens=False)
+    tok.chat_template = LLADA_TOKENIZER_TEMPLATE
+    return tok
+
+
 def official_llada_v_files(model, tokenizer, images, out: Path) -> None:
     """Write ``model`` (a LLaDA-V-style LLaVA with a SigLIP tower) as the official LLaDA-V release lays a directory
     out: ``config.json`` of model_type ``llava_llada`` (LLaMA fields + ``mm_*``), weights with the LLaVA
@@ -298,7 +320,7 @@ def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
 
     def write(d: Path) -> None:
         if preset == "tiny-llada-v-official":
-            processor = build_processor()
+            processor = build_processor(tokenizer=llada_style_tokenizer())
             model, images = build_llada_v_siglip(processor, seed=seed)
             official_llada_v_files(model, processor.tokenizer, images, d)
             return
