@@ -8,7 +8,7 @@ import difflib
 import re
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+|\d+)(?:e[-+]?\d+)?%?")
-TIMING = re.compile(r"second|time|\bms\b|speed|latency|\bs\b|minutes|\(s\)|/ ?s\b", re.IGNORECASE)
+TIMING = re.compile(r"second|time|\bms\b|speed|latency|\bs\b|\bmin\b|minutes|\(s\)|/ ?s\b", re.IGNORECASE)
 PROVENANCE = "Produced by "
 
 
