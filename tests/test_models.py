@@ -108,3 +108,23 @@ def test_tiny_model_save_reload_same_logits(preset, processor, tmp_path):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'gpt-5'"):
         build_model("gpt-5", build_tokenizer())
+
+
+def test_llava_15_layout_preset():
+    """tiny-llava-1.5: a LLaMA language model of 32 layers (the depth MemVR's released window assumes), the
+    tower's second-to-last layer, patch tokens only (no CLS): 16 image tokens for a 64-pixel image at patch 16."""
+    from transformers import LlamaForCausalLM
+
+    p = get_preset("tiny-llava-1.5")
+    tok = build_tokenizer()
+    model = build_model(p, tok)
+    assert model.config.text_config.model_type == "llama" and model.config.text_config.num_hidden_layers == 32
+    assert model.config.vision_feature_layer == -2 and model.config.vision_feature_select_strategy == "default"
+    proc = preset_processor(p)
+    cfg = world_config()
+    image = render(generate(cfg, 1, seed=0)[0], cfg.noise_std)
+    enc = proc(text=[chat_example(proc, DESCRIBE_PROMPT)], images=[image], return_tensors="pt")
+    assert int((enc["input_ids"] == tok.image_token_id).sum()) == 16 == model.config.image_seq_length
+    with torch.no_grad():
+        assert model(**enc).logits.isfinite().all()
+    assert not isinstance(model.model.language_model, LlamaForCausalLM)  # the bare decoder, as LLaVA builds it

@@ -129,10 +129,27 @@ def launch_options(precision: str = "no", device: str = "auto"):
         raise ValueError("fp16 mixed precision needs a GPU (accelerate ignores it on the CPU); use --precision "
                          "bf16 on the CPU")
     token = _LAUNCH.set((precision, device))
+    ok = False
     try:
         yield
+        ok = True
     finally:
         _LAUNCH.reset(token)
+        close_process_group(wait=ok)
+
+
+def close_process_group(wait: bool = True) -> None:
+    """Tear down the process group a distributed run opened (the Trainer's Accelerator opens it and never
+    closes it): a gloo group left to the interpreter's exit can abort one rank ("terminate called without
+    an active exception") after the work is done, failing the launch. ``wait``: first a barrier, so no
+    rank leaves while another still talks (skipped after an error, where the others may never arrive).
+    No-op in a single process."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            if wait:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def trainer_placement() -> dict:

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import (
     CLIPVisionConfig,
+    LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
     Qwen2_5_VLConfig,
@@ -51,6 +52,9 @@ class TinyPreset:
     text_kv_heads: int = 2
     text_intermediate: int = 384
     max_positions: int = 1024
+    text_model: str = "qwen3"  # the LLaVA's language model: "qwen3" | "llama" (LLaVA-1.5's)
+    feature_layer: int = -1  # the tower layer the LLaVA reads (LLaVA-1.5: -2, the second to last)
+    feature_strategy: str = "full"  # "full" (every token, CLS included) | "default" (patches only: LLaVA-1.5's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +66,11 @@ PRESETS: dict[str, TinyPreset] = {
     "tiny-qwen3vl": TinyPreset(arch="qwen3_vl", patch_size=8, vision_hidden=64, vision_layers=2),
     "tiny-llava-p8": TinyPreset(arch="llava", patch_size=8),  # 65 image tokens (4 per cell)
     "tiny-qwen25vl": TinyPreset(arch="qwen2_5_vl", patch_size=8, vision_hidden=64, vision_layers=2),
+    # LLaVA-1.5's layout (a LLaMA language model, the tower's second-to-last layer, patch tokens only) at 32 layers, the
+    # depth MemVR's released code assumes; as many KV heads as heads (PAI's released attention has no GQA)
+    "tiny-llava-1.5": TinyPreset(arch="llava", vision_hidden=32, vision_layers=2, vision_heads=2, text_hidden=64,
+                                 text_layers=32, text_heads=4, text_kv_heads=4, text_intermediate=128,
+                                 text_model="llama", feature_layer=-2, feature_strategy="default"),
 }
 
 
@@ -72,13 +81,21 @@ def get_preset(name: str) -> TinyPreset:
 
 
 def preset_processor(preset: str | TinyPreset):
-    """The ``LlavaProcessor`` matching a LLaVA preset's image and patch size."""
+    """The ``LlavaProcessor`` matching a LLaVA preset's image and patch size and its feature strategy."""
     p = get_preset(preset) if isinstance(preset, str) else preset
-    return build_processor(p.image_size, p.patch_size)
+    return build_processor(p.image_size, p.patch_size, strategy=p.feature_strategy)
 
 
 def text_config(preset: TinyPreset, tokenizer):
-    """The Qwen3 text config shared by the text-only LM and the VLM's language model."""
+    """The text config (Qwen3, or LLaMA for LLaVA-1.5's layout) shared by the text-only LM and the VLM's language
+    model."""
+    if preset.text_model == "llama":
+        return LlamaConfig(vocab_size=len(tokenizer), hidden_size=preset.text_hidden,
+                           intermediate_size=preset.text_intermediate, num_hidden_layers=preset.text_layers,
+                           num_attention_heads=preset.text_heads, num_key_value_heads=preset.text_kv_heads,
+                           max_position_embeddings=preset.max_positions, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id)
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=preset.text_hidden,
@@ -116,9 +133,9 @@ def build_model(preset: str | TinyPreset, tokenizer, seed: int = 0) -> torch.nn.
             text_config=text_config(p, tokenizer).to_dict(),
             image_token_id=tokenizer.image_token_id,
             projector_hidden_act="gelu",
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-            image_seq_length=(p.image_size // p.patch_size) ** 2 + 1,
+            vision_feature_select_strategy=p.feature_strategy,
+            vision_feature_layer=p.feature_layer,
+            image_seq_length=(p.image_size // p.patch_size) ** 2 + (p.feature_strategy == "full"),
             tie_word_embeddings=False,
         )
         model = LlavaForConditionalGeneration(cfg)

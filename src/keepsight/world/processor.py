@@ -57,11 +57,11 @@ def build_tokenizer():
     return tok
 
 
-def build_processor(image_size: int = 64, patch_size: int = 16, tokenizer=None):
+def build_processor(image_size: int = 64, patch_size: int = 16, tokenizer=None, strategy: str = "full"):
     """A ``LlavaProcessor``: CLIP-style image processor at the world's size + the world tokenizer.
 
-    The vision tower keeps its CLS token (``vision_feature_select_strategy="full"``), so an image
-    becomes ``(image_size // patch_size) ** 2 + 1`` image tokens.
+    With ``strategy="full"`` the vision tower keeps its CLS token, so an image becomes
+    ``(image_size // patch_size) ** 2 + 1`` image tokens; ``"default"`` (LLaVA-1.5's) drops it.
     """
     if image_size % patch_size:
         raise ValueError(f"image_size {image_size} must be a multiple of patch_size {patch_size}")
@@ -74,7 +74,7 @@ def build_processor(image_size: int = 64, patch_size: int = 16, tokenizer=None):
         image_processor=image_processor,
         tokenizer=tokenizer if tokenizer is not None else build_tokenizer(),
         patch_size=patch_size,
-        vision_feature_select_strategy="full",
+        vision_feature_select_strategy=strategy,
         num_additional_image_tokens=1,
         chat_template=CHAT_TEMPLATE,
     )
