@@ -45,7 +45,7 @@ def test_diffusion_bench_counts_forwards_of_each_sampler(tmp_path):
 
     res = diffusion.run(tmp_path, steps_grid=(4,), batch=1, gen_length=8, pairs=1, block_length=4)
     rows = {r["sampler"]: r for r in res["rows"]}
-    assert set(rows) == {"plain", "prefix", "dual", "dual+threshold"}
+    assert set(rows) == {"plain", "prefix", "dual", "dual+threshold", "dual+threshold (schedule)"}
     assert rows["plain"]["forwards"] == 4 and rows["plain"]["flops_saving"] == 1.0
     assert rows["prefix"]["positions"] < rows["plain"]["positions"] and rows["dual"]["flops_saving"] > 1
     assert 0 < res["extra_flops_share"] < 0.01

@@ -78,9 +78,51 @@ def test_threshold_one_commits_in_the_plain_order(vlm, batch):
     enc, _ = batch
     for kw in ({}, {"steps": 16}):
         plain = _run(vlm, enc, trace=True, **kw)
-        one = _run(vlm, enc, trace=True, threshold=1.0, **kw)
+        one = _run(vlm, enc, trace=True, threshold=1.0, threshold_rule="schedule", **kw)
         assert torch.equal(one.sequences, plain.sequences)
         assert [t.positions for t in one.trace] == [t.positions for t in plain.trace]
+    # Fast-dLLM's rule at threshold 1: one slot per step until the block is done, whatever ``steps`` says: the plain
+    # sampler at one token per step
+    plain = _run(vlm, enc, trace=True, steps=16)
+    for steps in (4, 16):
+        one = _run(vlm, enc, trace=True, threshold=1.0, steps=steps)
+        assert torch.equal(one.sequences, plain.sequences) and one.forwards == plain.forwards == 16
+        assert [t.positions for t in one.trace] == [t.positions for t in plain.trace]
+
+
+def _fast_dllm_twin(model, enc, threshold, gen_length=16, block_length=4):
+    """Fast-dLLM's threshold loop written from its description, one row, no cache: per block, forward; commit
+    the most confident masked slot and every other masked slot with confidence >= threshold; until none is left."""
+    ids, pv = enc["input_ids"], enc["pixel_values"]
+    mask = model.config.text_config.mask_token_id
+    x = torch.cat([ids, ids.new_full((1, gen_length), mask)], 1)
+    P, nfe = ids.shape[1], 0
+    for b in range(gen_length // block_length):
+        lo, hi = P + b * block_length, P + (b + 1) * block_length
+        while (x[0, lo:hi] == mask).any():
+            logits = model(input_ids=x, pixel_values=pv).logits[0, lo:hi].double()
+            nfe += 1
+            logits[:, mask] = float("-inf")
+            pred = logits.argmax(-1)
+            conf = logits.softmax(-1).gather(-1, pred[:, None])[:, 0]
+            conf = torch.where(x[0, lo:hi] == mask, conf, torch.tensor(float("-inf"), dtype=conf.dtype))
+            order = conf.argsort(descending=True)
+            take = [int(order[0])] + [int(i) for i in order[1:] if conf[i] >= threshold]
+            x[0, lo + torch.tensor(take)] = pred[take]
+    return x[0, P:], nfe
+
+
+def test_fast_dllm_rule_equals_its_twin(processor, batch):
+    sharp = build_llada_v(processor).eval()
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(30.0)  # confidences spread over (0, 1): some slots pass, some do not
+    _, rows = batch
+    for threshold in (0.9, 0.5):
+        for single in rows:
+            out = _run(sharp, single, threshold=threshold, trace=True)
+            tokens, nfe = _fast_dllm_twin(sharp, single, threshold)
+            assert torch.equal(out.generated[0], tokens) and out.forwards == nfe
+    assert any(len(p) > 1 for t in out.trace for p in t.positions)  # it really committed in parallel
 
 
 def test_a_low_threshold_commits_in_parallel_and_ends_blocks_early(processor, batch):
@@ -128,6 +170,8 @@ def test_bad_cache_options(vlm, batch):
         _run(vlm, enc, threshold=1.5)
     with pytest.raises(ValueError, match="needs remasking='low_confidence'"):
         _run(vlm, enc, threshold=0.9, remasking="random")
+    with pytest.raises(ValueError, match="threshold_rule must be one of"):
+        _run(vlm, enc, threshold=0.9, threshold_rule="fastest")
     with pytest.raises(ValueError, match="does not combine with the cache"):
         _run(vlm, enc, cache="prefix", cfg_scale=1.0)
     with pytest.raises(ValueError, match="refresh_every must be >= 1"):

@@ -187,10 +187,11 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def run_reference(work: Path) -> None:
+def load_released(work: Path):
+    """The released modules (modeling, conversation, mm_utils) and the released ``LLaDAModelLM`` with the work
+    directory's weights, fp32, eager attention."""
     import torch
-    import transformers
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     files = {k: Path(v) for k, v in json.loads((work / "sources.json").read_text()).items()}
     # the LLaVA package the released files import from, assembled from the release's own files; two helpers that
@@ -224,6 +225,16 @@ def run_reference(work: Path) -> None:
     missing, unexpected = model.load_state_dict(load_file(str(work / "weights.safetensors")), strict=False)
     assert not missing and not unexpected, (missing[:4], unexpected[:4])
     model.model.layer_prior_dirs = None  # the released forward loads a file from its authors' disk otherwise
+    return modeling, conversation, mm_utils, model
+
+
+def run_reference(work: Path) -> None:
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    modeling, conversation, mm_utils, model = load_released(work)
+    c = json.loads((work / "config.json").read_text())
     D = c["hidden_size"] // c["num_attention_heads"]
     rotary = model.model.layers[0].self_attn.rotary_emb
     out = {f"mrs_scale_{name}": rotary.make_monotonic_freq_mask(D, "cpu", 10 * s["beta"], mode="sigmoid", slope=ETA,

@@ -28,8 +28,11 @@ from ..world.processor import build_processor
 from ..world.texts import DESCRIBE_PROMPT
 from . import write_result
 
+# the confidence threshold by Fast-dLLM's rule (top slot + all >= 0.9, until the block is done) and by ours (the
+# schedule's count or more, within the step budget)
 SAMPLERS = {"plain": {}, "prefix": {"cache": "prefix"}, "dual": {"cache": "dual"},
-            "dual+threshold": {"cache": "dual", "threshold": 0.9}}
+            "dual+threshold": {"cache": "dual", "threshold": 0.9},
+            "dual+threshold (schedule)": {"cache": "dual", "threshold": 0.9, "threshold_rule": "schedule"}}
 
 
 def _model_flops(model, positions: int, keys: int) -> float:

@@ -14,10 +14,16 @@ forward at each block's first step that records the keys / values of everything 
 attending to the recorded prefix. ``cache="dual"`` also records the slots after the block and forwards the
 block alone. The recorded keys are those of the sequence as it was at the refresh, so later steps are an
 approximation (``refresh_every=k`` refreshes every k steps; ``refresh_every=1`` is the plain sampler).
-``threshold``: besides the schedule's count, every still-masked slot of the block whose confidence exceeds the
-threshold is committed in the same step (confidence-aware parallel decoding); a block whose slots are all
-committed ends early, saving its remaining forwards (``threshold=1.0`` commits exactly the schedule: the plain
-sampler). ``DiffusionOutput.forwards`` / ``token_forwards`` count the model calls and the positions they ran.
+``threshold``: confidence-aware parallel decoding, by one of two rules (``threshold_rule``). ``"fast-dllm"`` (the
+default; Fast-dLLM's ``llada/generate.py`` ``get_transfer_index``): each step commits the block's most confident
+masked slot and every other masked slot whose confidence is at least the threshold, and the block's steps go on
+until it is done: ``steps`` sets no budget (Fast-dLLM's scripts pass threshold 0.9). ``"schedule"`` (our earlier
+reading): each step commits the schedule's count or, if more, every slot whose confidence exceeds the threshold,
+within the block's ``steps // n_blocks`` steps; a block whose slots are all committed ends early
+(``threshold=1.0`` commits exactly the schedule: the plain sampler). The two agree when ``steps = gen_length``
+and no confidence equals the threshold. Cached steps check "block done" before their forward (Fast-dLLM's later
+version; its first release ran one more forward per block). ``DiffusionOutput.forwards`` / ``token_forwards``
+count the model calls and the positions they ran.
 Classifier-free guidance and the cache do not combine (an error); MRS with ``segments`` other than "all"
 reads column indices and needs ``cache="none"``.
 
@@ -42,6 +48,7 @@ from ..models.llada import BlockKV
 
 REMASKING = ("low_confidence", "random")
 CACHES = ("none", "prefix", "dual")
+THRESHOLD_RULES = ("fast-dllm", "schedule")
 
 
 @dataclass
@@ -153,6 +160,7 @@ def generate(
     cache: str = "none",
     threshold: float | None = None,
     refresh_every: int | None = None,
+    threshold_rule: str = "fast-dllm",
 ) -> DiffusionOutput:
     """Decode ``gen_length`` tokens after ``input_ids [B, P]`` in ``steps`` denoising steps.
 
@@ -163,7 +171,7 @@ def generate(
     random-remasking noise, so outputs depend only on it. ``trace=True`` fills ``output.trace`` with one
     ``StepTrace`` per step; ``callback(step_trace, x)`` is called after every step with the ids ``[B, T]``.
     ``model_kwargs`` go to the conditional forward (e.g. ``image_sizes``). ``cache`` ("none" | "prefix" |
-    "dual"), ``refresh_every`` and ``threshold``: fast decoding, see the module docstring.
+    "dual"), ``refresh_every``, ``threshold`` and ``threshold_rule``: fast decoding, see the module docstring.
     """
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
@@ -172,6 +180,9 @@ def generate(
             raise ValueError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
         if remasking != "low_confidence":
             raise ValueError("threshold compares the model's confidence: it needs remasking='low_confidence'")
+    if threshold_rule not in THRESHOLD_RULES:
+        raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {threshold_rule!r}")
+    until_done = threshold is not None and threshold_rule == "fast-dllm"  # no step budget: loop until the block is done
     if refresh_every is not None:
         refresh_every = _int("refresh_every", refresh_every)
     if cache != "none" and cfg_scale > 0:
@@ -220,7 +231,8 @@ def generate(
         lo, hi = P + b * block_length, P + (b + 1) * block_length  # current block [lo, hi)
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block)  # [B, steps_per_block]
         end = hi if cache == "dual" else T  # the query window of cached steps: [lo, end)
-        for s in range(steps_per_block):
+        s = 0
+        while s < steps_per_block or until_done:
             if threshold is not None and not bool((x[:, lo:hi] == mask_id).any()):
                 break  # every slot of the block is committed: its remaining steps are saved
             if kv is None:
@@ -259,7 +271,10 @@ def generate(
             masked = x[:, lo:hi] == mask_id  # [B, L]
             score = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
             rec = StepTrace(b, step, [], [], [], [])
-            if threshold is not None:
+            if until_done:  # the most confident slot, and every other at or above the threshold
+                above = ((score >= threshold) & masked).sum(1)  # [B]
+                counts = torch.minimum(masked.sum(1), above.clamp(min=1))
+            elif threshold is not None:
                 above = ((score > threshold) & masked).sum(1)  # [B]
                 counts = torch.minimum(masked.sum(1), torch.maximum(schedule[:, s], above))
             else:
@@ -276,7 +291,7 @@ def generate(
                 records.append(rec)
             if callback is not None:
                 callback(rec, x)
-            step += 1
+            step, s = step + 1, s + 1
     return DiffusionOutput(sequences=x, prompt_length=P, trace=records, forwards=forwards,
                            token_forwards=token_forwards)
 

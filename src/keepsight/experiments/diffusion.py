@@ -78,7 +78,8 @@ class DiffusionExperiment:
     # the fast samplers, each beside the plain sampler at ``sampler_block`` (keepsight.diffusion.generate)
     samplers: dict = field(default_factory=lambda: {
         "plain": {}, "prefix": {"cache": "prefix"}, "dual": {"cache": "dual"},
-        "dual+threshold 0.9": {"cache": "dual", "threshold": 0.9}})
+        "dual+threshold 0.9": {"cache": "dual", "threshold": 0.9},
+        "dual+threshold 0.9 (schedule)": {"cache": "dual", "threshold": 0.9, "threshold_rule": "schedule"}})
     sampler_block: int = 16
     # the block length of every other run (the grid, sweeps, prior cosine, attention): None samples the whole
     # window at once; a block is LLaDA's semi-autoregressive remasking, which a model trained with eos-filled
