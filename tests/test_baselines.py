@@ -19,10 +19,10 @@ from tiny_checkpoints import save_tiny_checkpoint
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRESETS = ["tiny-llava", "tiny-qwen3vl"]
-ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0}, "memvr": {"threshold": 2.0},
-        "deco": {"alpha": 0.0}}
+ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0, "beta": 0.0},
+        "memvr": {"threshold": 2.0}, "deco": {"alpha": 0.0}}
 STRONG = {"vcd": {"alpha": 1.0, "beta": 0.1}, "pai": {"alpha": 0.5, "gamma": 0.5}, "memvr": {"threshold": 0.0,
-                                                                                             "alpha": 1.0},
+                                                                                             "ratio": 0.5},
           "deco": {"alpha": 0.6}}
 NEW = 4
 
@@ -110,9 +110,14 @@ def test_vcd_equals_two_plain_forwards_combined(setup):
         return out.masked_fill(p < beta * p.max(-1, keepdim=True).values, float("-inf"))
 
     _check_steps(model, processor, batch, build_baseline("vcd", alpha=alpha, beta=beta), reference)
+    # VCD's sigmoid schedule (vcd_add_noise.py) at step 500, and the linear DDPM one (our earlier reading)
+    sig = [1 / (1 + math.exp(-(-6 + 12 * s / 999))) * (5e-3 - 1e-5) + 1e-5 for s in range(1000)]
+    assert alpha_bar(500) == pytest.approx(math.prod(1 - b for b in sig[:501]), rel=1e-5)
+    assert alpha_bar(500) == pytest.approx(0.7448, abs=1e-4)
     ab = math.prod(1 - (1e-4 + (0.02 - 1e-4) * s / 999) for s in range(501))
-    assert alpha_bar(500) == pytest.approx(ab, rel=1e-9)  # the linear schedule's alpha-bar at step 500
+    assert alpha_bar(500, schedule="linear") == pytest.approx(ab, rel=1e-9)
     assert not torch.equal(noisy, batch["pixel_values"])
+    assert build_baseline("vcd").config.schedule == "sigmoid"
 
 
 def _text_only(processor, model, enc):
@@ -134,12 +139,39 @@ def test_pai_text_only_subtraction_equals_two_plain_forwards(setup):
     model, processor, batch, _ = setup
     gamma = 0.5
 
-    def reference(enc):
-        a = _plain_last(model, enc)
-        b = _plain_last(model, _text_only(processor, model, enc))
-        return (1 + gamma) * a - gamma * b
+    def reference(enc):  # CFG.py: on log-probabilities, then the hard-coded 0.1 cut on the conditional ones
+        a = _plain_last(model, enc).log_softmax(-1)
+        b = _plain_last(model, _text_only(processor, model, enc)).log_softmax(-1)
+        out = (1 + gamma) * a - gamma * b
+        return out.masked_fill(a < math.log(0.1) + a.max(-1, keepdim=True).values, float("-inf"))
 
     _check_steps(model, processor, batch, build_baseline("pai", alpha=0.0, gamma=gamma), reference)
+
+
+def test_pai_leaves_the_prefill_alone_when_it_subtracts_as_released(setup):
+    """With the text-only subtraction on, the release's first token reads the unamplified model (its layers carry
+    use_cfg until the logits processor's first call); from the second token on the attention is amplified."""
+    model, processor, batch, rows = setup
+    enc = rows[0]
+    gamma = 0.1
+
+    def refine(cond, uncond):
+        a, b = cond.log_softmax(-1), uncond.log_softmax(-1)
+        return ((1 + gamma) * a - gamma * b).masked_fill(a < math.log(0.1) + a.max(-1, keepdim=True).values,
+                                                          float("-inf"))
+
+    pai = build_baseline("pai", alpha=0.5, gamma=gamma)
+    with pai.apply(model):
+        out = _gen(model, processor, enc)
+    first = refine(_plain_last(model, dict(enc)), _plain_last(model, _text_only(processor, model, enc)))
+    fin = torch.isfinite(first)
+    assert torch.equal(fin, torch.isfinite(out.logits[0]))
+    torch.testing.assert_close(out.logits[0][fin], first[fin], rtol=1e-4, atol=1e-4)
+    forced = build_baseline("pai", alpha=0.5, gamma=gamma, amplify_prefill=True)
+    with forced.apply(model):
+        amplified = _gen(model, processor, enc).logits[0]
+    assert not torch.allclose(amplified[fin], first[fin])  # amplifying the prefill would have changed it
+    assert build_baseline("pai").config.alpha == 0.2 and build_baseline("pai").config.beta == 0.1
 
 
 def test_pai_amplification_cached_equals_full_and_moves_attention_to_the_image(setup):
@@ -196,8 +228,9 @@ def test_deco_equals_the_formula_on_hidden_states(setup):
 
     with deco.apply(model):  # sets deco.layers
         pass
-    assert deco.layers == default_layers(n) == list(range(int(0.625 * n), min(n - 1, int(0.875 * n)) + 1))
-    assert default_layers(32) == list(range(20, 29))  # the paper's 20 .. 28 of LLaVA-1.5
+    assert deco.layers == default_layers(n) == list(range(int(0.625 * n) - 1, min(n - 1, int(0.875 * n))))
+    # the paper's hidden_states[20 .. 28] of LLaVA-1.5: the outputs of decoder layers 19 .. 27
+    assert default_layers(32) == list(range(19, 28)) and DeCo().config.top_k == 20
     _check_steps(model, processor, batch, DeCo(alpha=0.6, top_k=5, top_p=0.9), reference)
 
 
@@ -233,10 +266,10 @@ def test_memvr_equals_the_ffn_memory_by_hand(setup):
         finally:
             handle.remove()
 
-    method = MemVR(alpha=alpha, threshold=0.0, rows="after_image")
+    method = MemVR(variant="softmax", alpha=alpha, threshold=0.0, rows="after_image")
     _check_steps(model, processor, batch, method, reference)
     assert method.stats()["triggered"] > 0  # threshold 0: every position after the image retraced
-    paper = MemVR(alpha=alpha, threshold=0.0)  # the default rows: the prefill's last position, then each new token
+    paper = MemVR(variant="softmax", alpha=alpha, threshold=0.0)  # the default rows: the prefill's last position, then each new token
     with paper.apply(model):
         first = _gen(model, processor, batch).logits[0]
     ids = batch["input_ids"]
@@ -253,6 +286,72 @@ def test_memvr_equals_the_ffn_memory_by_hand(setup):
         torch.testing.assert_close(first, _plain_last(model, dict(batch)), rtol=1e-4, atol=1e-4)
     finally:
         handle.remove()
+
+
+def _memvr_twin(model, processor, enc, threshold: float, ratio: float, start: int, end: int):
+    """MemVR as memvr.py computes it, written here as plain hooks for one unpadded row: after each layer l the
+    top-10 entropy / ln 10 of its LogitLens at the last position; the first l in (start, end) above the threshold
+    makes layer l + 1's FFN (1 - r) FFN + r A * mean|FFN| / mean|A| with A = (x Z^T) Z, over the whole forward."""
+    info = arch_info(model)
+    n = len(info.layers)
+    state: dict = {"inject": None, "Z": None, "hits": []}
+
+    def reset(module, args, kwargs):
+        state["inject"] = None
+
+    def memory(module, args, kwargs):
+        e = kwargs["inputs_embeds"]
+        if e.shape[1] == enc["input_ids"].shape[1]:  # the prefill
+            state["Z"] = e[0][enc["input_ids"][0] == info.image_token_id].detach()
+
+    def probe(i):
+        def hook(module, args, out):
+            hs = out[0] if isinstance(out, tuple) else out
+            if state["inject"] is None and start < i < end:
+                p = info.lm_head(info.final_norm(hs[0, -1])).float().topk(10).values.softmax(-1)
+                if float(-(p * p.log()).sum() / math.log(10)) > threshold:
+                    state["inject"] = i + 1
+                    state["hits"].append(i + 1)
+        return hook
+
+    def ffn(i):
+        def hook(module, args, out):
+            if state["inject"] != i:
+                return out
+            a = (args[0] @ state["Z"].T) @ state["Z"]
+            return (1 - ratio) * out + ratio * (out.abs().mean() / a.abs().mean()) * a
+        return hook
+
+    handles = [model.register_forward_pre_hook(reset, with_kwargs=True),
+               info.language_model.register_forward_pre_hook(memory, with_kwargs=True)]
+    handles += [info.layers[i].register_forward_hook(probe(i)) for i in range(n)]
+    handles += [info.ffn(i).register_forward_hook(ffn(i)) for i in range(n)]
+    try:
+        return _gen(model, processor, enc), state["hits"]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("threshold", [0.75, 0.0])
+def test_memvr_as_released_equals_its_twin(setup, threshold):
+    model, processor, _, rows = setup
+    n = len(arch_info(model).layers)
+    from keepsight.baselines.memvr import default_window
+
+    start, end = default_window(n)
+    assert default_window(32) == (5, 16)  # the release's window of LLaVA-1.5
+    for enc in rows:
+        method = MemVR(threshold=threshold, ratio=0.5)
+        with method.apply(model):
+            ours = _gen(model, processor, enc)
+        twin, hits = _memvr_twin(model, processor, enc, threshold, 0.5, start, end)
+        assert torch.equal(ours.sequences, twin.sequences)
+        for a, b in zip(ours.logits, twin.logits):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        stats = method.stats()
+        assert stats["triggered"] == len(hits) and sum(stats["layers"].values()) == len(hits)
+    assert hits  # the tiny model's top-10 entropy is high: it triggered
 
 
 @pytest.mark.parametrize("name", list(STRONG))
@@ -290,8 +389,8 @@ def test_everything_is_removed_on_exit_and_on_exception(setup, name):
 
 def test_bad_input_is_named(setup):
     model, _, _, _ = setup
-    with pytest.raises(ValueError, match="unknown method 'opera'"):
-        build_baseline("opera")
+    with pytest.raises(ValueError, match="unknown method 'dola'"):
+        build_baseline("dola")
     with pytest.raises(ValueError, match="alpha must lie in"):
         build_baseline("vcd", alpha=-1.0)
     with pytest.raises(ValueError, match=r"noise_step must lie in the schedule \[0, 1000\)"):
@@ -300,8 +399,13 @@ def test_bad_input_is_named(setup):
         with build_baseline("pai", layers=[99]).apply(model):
             pass
     with pytest.raises(ValueError, match="probe_layer 3 must come before inject_layer 1"):
-        with build_baseline("memvr", inject_layer=1, probe_layer=3).apply(model):
+        with build_baseline("memvr", variant="softmax", inject_layer=1, probe_layer=3).apply(model):
             pass
+    with pytest.raises(ValueError, match="end_layer 40 is out of range"):
+        with build_baseline("memvr", end_layer=40).apply(model):
+            pass
+    with pytest.raises(ValueError, match="variant must be one of"):
+        build_baseline("memvr", variant="paper")
     with pytest.raises(ValueError, match="deco: .*unexpected keyword"):
         build_baseline("deco", strength=1)
 

@@ -1,10 +1,13 @@
-"""POPE (keepsight.metrics.pope) on a small hand-made COCO instances file."""
+"""POPE (keepsight.metrics.pope) on a small hand-made COCO instances file, its answer parsers (POPE's own,
+keepsight's, OPERA's), and POPE's published question files."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -12,12 +15,17 @@ from keepsight.metrics.pope import (
     build_pope_questions,
     load_coco_instances,
     parse_yes_no,
+    pope_file_strategy,
     pope_question,
     pope_scores,
     read_answers_jsonl,
+    read_pope_question_file,
+    read_pope_question_files,
     read_questions_jsonl,
     write_questions_jsonl,
 )
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pope"
 
 # ----------------------------------------------------------------------------- a tiny COCO
 
@@ -259,21 +267,65 @@ def test_build_errors(instances):
 # ----------------------------------------------------------------------------- parsing and scores
 
 
-@pytest.mark.parametrize(("text", "first", "pope"), [
-    ("Yes, there is.", "yes", "yes"),
-    ("no", "no", "no"),
-    ("There is no dog.", "no", "no"),
-    ("I cannot tell", None, "yes"),
-    ("YES", "yes", "yes"),
-    ("NO", "no", "yes"),  # the reference matches "No"/"no"/"not" case-sensitively
-    ("Not that I can see.", "no", "yes"),
-    ("Yes, but not a dog.", "yes", "no"),  # the reference: any "not" in the first sentence
-    ("I see a cat. There is no dog.", "no", "yes"),  # the reference reads the first sentence only
-    ("", None, "yes"),
+@pytest.mark.parametrize(("text", "keepsight", "pope", "opera"), [
+    ("Yes, there is.", "yes", "yes", "yes"),
+    ("no", "no", "no", "no"),
+    ("No", "no", "no", "no"),
+    ("There is no dog.", "no", "no", "no"),
+    ("I cannot tell", None, "yes", "yes"),
+    ("YES", "yes", "yes", "yes"),
+    ("NO", "no", "yes", "no"),  # POPE matches "No"/"no"/"not" case-sensitively; OPERA lists "NO" too
+    ("NO.", "no", "yes", "no"),
+    ("no!", "no", "yes", "yes"),  # exact tokens: "no!" is not "no"
+    ("Not", "no", "yes", "yes"),
+    ("Not that I can see.", "no", "yes", "yes"),
+    ("isn't", None, "yes", "no"),  # OPERA: any word ending in n't
+    ("I don't see one.", None, "yes", "no"),
+    ("Yes, but not a dog.", "yes", "no", "no"),  # POPE: any "not" in the first sentence
+    ("Yes, there is a dog. There is not a cat.", "yes", "yes", "no"),  # POPE: first sentence only; OPERA: all
+    ("I see a cat. There is no dog.", "no", "yes", "no"),
+    ("No\nThere is none", "no", "yes", "yes"),  # split on single spaces: "No\nThere" is one token
+    ("No, there is not", "no", "no", "no"),
+    ("", None, "yes", "yes"),  # empty: no "unknown" class under POPE / OPERA
 ])
-def test_parse_yes_no(text, first, pope):
-    assert parse_yes_no(text) == first
+def test_parse_yes_no(text, keepsight, pope, opera):
+    assert parse_yes_no(text) == pope  # POPE's evaluate.py is the default
     assert parse_yes_no(text, rule="pope") == pope
+    assert parse_yes_no(text, rule="keepsight") == keepsight
+    assert parse_yes_no(text, rule="first") == keepsight  # the earlier name
+    assert parse_yes_no(text, rule="opera") == opera
+
+
+def _pope_reference(text: str) -> str:
+    """POPE's evaluate.py, lines 9-21, verbatim but for the names."""
+    if text.find('.') != -1:
+        text = text.split('.')[0]
+    text = text.replace(',', '')
+    words = text.split(' ')
+    return 'no' if ('No' in words or 'not' in words or 'no' in words) else 'yes'
+
+
+def _opera_reference(line: str) -> str:
+    """OPERA's pope_eval.py recorder, for one answer."""
+    neg_words = ["No", "not", "no", "NO"]
+    line = line.replace('.', '').replace(',', '')
+    words = line.split(' ')
+    return 'no' if any(w in neg_words for w in words) or any(w.endswith("n't") for w in words) else 'yes'
+
+
+def test_parsers_match_the_reference_code():
+    import random
+    rng = random.Random(0)
+    pieces = ["No", "no", "NO", "not", "Not", "yes", "Yes", "isn't", "don't", "there", "is", "a", "dog", ".", ",",
+              " ", "  ", "\n", "!", "no.", "No,", "n't"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randint(0, 8)))
+        assert parse_yes_no(text, "pope") == _pope_reference(text), text
+        assert parse_yes_no(text, "opera") == _opera_reference(text), text
+    with pytest.raises(ValueError, match="unknown yes/no parsing rule 'llava'"):
+        parse_yes_no("yes", "llava")
+    with pytest.raises(ValueError, match="unknown yes/no parsing rule"):
+        pope_scores([{"question_id": 1, "label": "yes"}], {1: "yes"}, rule="llava")
 
 
 def _scored_set():
@@ -290,7 +342,7 @@ def _scored_set():
 
 def test_pope_scores_by_hand():
     records, answers = _scored_set()
-    s = pope_scores(records, answers)
+    s = pope_scores(records, answers, rule="keepsight")  # keepsight's rule: unparsed counts as no
     # random: preds yes yes no | yes no None(->no) vs labels yes yes yes | no no no: TP 2 FN 1 FP 1 TN 2
     r = s["random"]
     assert (r["tp"], r["fn"], r["fp"], r["tn"], r["n"], r["n_unparsed"]) == (2, 1, 1, 2, 6, 1)
@@ -308,13 +360,30 @@ def test_pope_scores_by_hand():
     assert a["accuracy"] == pytest.approx(0.6) and a["precision"] == pytest.approx(4 / 7)
     assert a["recall"] == pytest.approx(0.8) and a["f1"] == pytest.approx(2 / 3)
     assert a["yes_ratio"] == pytest.approx(0.7)
-    # the reference rule reads "I cannot tell" as yes: random gets a 2nd FP and nothing unparsed
-    ref = pope_scores(records, {a["question_id"]: a["answer"] for a in answers}, rule="pope")["random"]
-    assert (ref["tp"], ref["fp"], ref["tn"], ref["fn"], ref["n_unparsed"]) == (2, 2, 1, 1, 0)
-    assert ref["accuracy"] == pytest.approx(0.5) and ref["precision"] == pytest.approx(0.5)
+    # 95% Wilson interval of 6/10 by hand: centre (0.6 + z²/20) / (1 + z²/10), half-width
+    # z * sqrt(0.6 * 0.4 / 10 + z² / 400) / (1 + z²/10), z = 1.96 -> [0.3127, 0.8318]
+    z = 1.96
+    centre, half = (0.6 + z * z / 20) / (1 + z * z / 10), z * math.sqrt(0.024 + z * z / 400) / (1 + z * z / 10)
+    assert (a["accuracy_low"], a["accuracy_high"]) == (pytest.approx(centre - half), pytest.approx(centre + half))
+    assert (round(a["accuracy_low"], 4), round(a["accuracy_high"], 4)) == (0.3127, 0.8318)
+    assert r["accuracy_low"] < r["accuracy"] < r["accuracy_high"]
+    # POPE's rule (the default) reads "I cannot tell" as yes: random gets a 2nd FP and nothing unparsed
+    for ref in (pope_scores(records, {a["question_id"]: a["answer"] for a in answers})["random"],
+                pope_scores(records, answers, rule="pope")["random"]):
+        assert (ref["tp"], ref["fp"], ref["tn"], ref["fn"], ref["n"], ref["n_unparsed"]) == (2, 2, 1, 1, 6, 0)
+        assert ref["accuracy"] == pytest.approx(0.5) and ref["precision"] == pytest.approx(0.5)
+        assert ref["recall"] == pytest.approx(2 / 3) and ref["f1"] == pytest.approx(4 / 7)
+        assert ref["yes_ratio"] == pytest.approx(4 / 6)
+    # the output keys are those keepsight always wrote, plus the interval
+    assert set(a) == {"accuracy", "accuracy_low", "accuracy_high", "precision", "recall", "f1", "yes_ratio", "n",
+                      "n_unparsed", "tp", "fp", "tn", "fn"}
+    # all right / all wrong: the interval stays in [0, 1]
+    ok = pope_scores([{"question_id": 1, "label": "yes"}, {"question_id": 2, "label": "no"}], {1: "Yes", 2: "No"})
+    assert ok["all"]["accuracy"] == ok["all"]["accuracy_high"] == 1.0 and 0 < ok["all"]["accuracy_low"] < 1
     # no yes at all: precision / recall / F1 are 0, not a division error
     none = pope_scores([{"question_id": 1, "label": "yes"}], {1: "no"})["all"]
     assert (none["precision"], none["recall"], none["f1"], none["accuracy"]) == (0.0, 0.0, 0.0, 0.0)
+    assert none["accuracy_low"] == 0.0
     with pytest.raises(ValueError, match=r"1 question\(s\) have no answer"):
         pope_scores(records, answers[1:])
     with pytest.raises(ValueError, match="no POPE questions"):
@@ -384,3 +453,157 @@ def test_eval_pope_runs_a_model_and_scores_an_answers_file(coco_root, tmp_path, 
     assert abs(s["f1"] - 2 / 3) < 1e-12
     assert main(["eval", "pope", "--coco", str(coco_root), "--out", str(tmp_path / "p3")]) == 2
     assert "give --model" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- POPE's published question files
+
+
+def _line(qid=1, image="COCO_val2014_000000000001.jpg", text="Is there a dog in the image?", label="yes", **kw):
+    d = {"question_id": qid, "image": image, "text": text, "label": label, **kw}
+    return json.dumps({k: v for k, v in d.items() if v is not ...})
+
+
+def test_read_published_question_file_crlf(tmp_path):
+    head = read_pope_question_file(FIXTURES / "coco_pope_random_head.json")  # the reference file's first lines
+    assert [r["label"] for r in head] == ["yes", "no"] * 3
+    assert head[0] == {"question_id": "random-1", "pope_question_id": 1, "image": "COCO_val2014_000000310196.jpg",
+                       "question": "Is there a snowboard in the image?", "label": "yes", "strategy": "random",
+                       "line": 1}
+    # the same lines with CRLF endings (as POPE's repository has them), a blank line and a final CRLF
+    lines = (FIXTURES / "coco_pope_random_head.json").read_text().splitlines()
+    crlf = tmp_path / "coco_pope_adversarial.json"
+    crlf.write_bytes(("\r\n".join(lines[:3] + [""] + lines[3:]) + "\r\n").encode())
+    again = read_pope_question_file(crlf)
+    assert [r["question"] for r in again] == [r["question"] for r in head]
+    assert {r["strategy"] for r in again} == {"adversarial"} and again[3]["line"] == 5
+    assert again[1]["question_id"] == "adversarial-2"
+    assert not any("\r" in r["question"] or "\r" in r["label"] for r in again)
+    # images are checked under a root when one is given
+    root = tmp_path / "val2014"
+    root.mkdir()
+    (root / "COCO_val2014_000000310196.jpg").write_bytes(b"x")
+    assert read_pope_question_file(crlf, image_root=root) == again
+    assert pope_file_strategy("x/aokvqa_pope_popular.json") == "popular"
+    assert pope_file_strategy("mine.jsonl") == "mine"
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    (_line(image=...), "missing field 'image'"),
+    (_line(text=...), "missing field 'text'"),
+    (_line(label=...), "missing field 'label'"),
+    (_line(qid=...), "missing field 'question_id'"),
+    (_line(qid=True), "'question_id' must be an integer or a string"),
+    (_line(text=""), "'text' must be a non-empty string"),
+    (_line(image=None), "'image' must be a non-empty string"),
+    (_line(label="Yes"), "'label' must be 'yes' or 'no', got 'Yes'"),
+    (_line(label="unknown"), "'label' must be 'yes' or 'no'"),
+    (_line(qid=1, label="no"), re.escape("question_id 1 already used at ") + r".*q\.json:1"),
+    (_line(qid=2, image="COCO_val2014_000000000009.jpg"),
+     "image 'COCO_val2014_000000000009.jpg' not found under"),
+])
+def test_question_file_bad_lines_name_the_line(tmp_path, line, message):
+    root = tmp_path / "img"
+    root.mkdir()
+    (root / "COCO_val2014_000000000001.jpg").write_bytes(b"x")
+    q = tmp_path / "q.json"
+    q.write_bytes((_line() + "\r\n\r\n" + line + "\r\n").encode())  # the bad line is line 3
+    with pytest.raises(ValueError, match=re.escape(f"{q}:3: ") + message):
+        read_pope_question_file(q, image_root=root)
+
+
+def test_question_files_together(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        read_pope_question_file(tmp_path / "missing.json")
+    (tmp_path / "empty.json").write_text("\n\n")
+    with pytest.raises(ValueError, match="empty.json: no questions"):
+        read_pope_question_file(tmp_path / "empty.json")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for d in (a, b):
+        for name in ("coco_pope_random.json", "coco_pope_popular.json"):
+            (d / name).write_text(_line(1) + "\n" + _line(2, label="no") + "\n")
+    (b / "aokvqa_pope_random.json").write_text(_line(1) + "\n")
+    recs = read_pope_question_files([a / "coco_pope_random.json", a / "coco_pope_popular.json"])
+    assert [r["question_id"] for r in recs] == ["random-1", "random-2", "popular-1", "popular-2"]
+    # two "random" files: the stems name the strategies; the same stem twice is an error
+    recs = read_pope_question_files([a / "coco_pope_random.json", b / "aokvqa_pope_random.json"])
+    assert [r["question_id"] for r in recs] == ["coco_pope_random-1", "coco_pope_random-2", "aokvqa_pope_random-1"]
+    with pytest.raises(ValueError, match="both named 'coco_pope_random'"):
+        read_pope_question_files([a / "coco_pope_random.json", b / "coco_pope_random.json"])
+
+
+def test_eval_pope_on_question_files(tmp_path, capsys):
+    from PIL import Image
+
+    from keepsight.cli import main
+    from tiny_checkpoints import save_tiny_checkpoint
+
+    root = tmp_path / "val2014"
+    root.mkdir()
+    for i in (1, 2):
+        Image.new("RGB", (32, 32), (100 * i, 50, 0)).save(root / f"COCO_val2014_{i:012d}.jpg")
+    rand, adv = tmp_path / "coco_pope_random.json", tmp_path / "coco_pope_adversarial.json"
+    rand.write_bytes("\r\n".join(_line(k + 1, f"COCO_val2014_{k // 2 + 1:012d}.jpg", f"Is there a {obj} in the "
+                                       "image?", label) for k, (obj, label) in
+                                 enumerate([("dog", "yes"), ("cat", "no"), ("car", "yes")])).encode() + b"\r\n")
+    adv.write_text(_line(1, "COCO_val2014_000000000002.jpg", "Is there an oven in the image?", "no") + "\n")
+    model = save_tiny_checkpoint("tiny-llava", tmp_path / "m")
+    out = tmp_path / "pope"
+    argv = ["eval", "pope", "--questions", str(rand), "--questions", str(adv), "--image-root", str(root),
+            "--out", str(out), "--model", str(model), "--max-new-tokens", "3", "--batch-size", "2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "'pope' rule" in printed and "adversarial" in printed
+    questions = [json.loads(x) for x in (out / "questions.jsonl").read_text().splitlines()]
+    assert [q["question_id"] for q in questions] == ["random-1", "random-2", "random-3", "adversarial-1"]
+    assert questions[3]["question"] == "Is there an oven in the image?"
+    answers = read_answers_jsonl(out / "answers.jsonl")
+    assert set(answers) == {q["question_id"] for q in questions}
+    result = json.loads((out / "scores.json").read_text())
+    assert result["parser"] == "pope" and result["questions"] == [str(rand), str(adv)]
+    assert result["image_root"] == str(root) and result["max_new_tokens"] == 3
+    assert result["scores"] == pope_scores(questions, answers, rule="pope")
+    assert set(result["scores"]) == {"random", "adversarial", "all"} and result["scores"]["all"]["n"] == 4
+    # greedy: the same answers again
+    out_again = tmp_path / "again"
+    assert main([*argv[:-7], str(out_again), *argv[-6:]]) == 0
+    assert read_answers_jsonl(out_again / "answers.jsonl") == answers
+
+    # scoring a given answers file with another parser; with one file, POPE's own integer ids work too
+    given = tmp_path / "given.jsonl"
+    given.write_text("".join(json.dumps({"question_id": i, "answer": a}) + "\n"
+                             for i, a in [(1, "NO, there isn't."), (2, "No"), (3, "Yes")]))
+    for parser, (tp, fp, tn, fn) in [("pope", (2, 0, 1, 0)), ("opera", (1, 0, 1, 1)), ("keepsight", (1, 0, 1, 1))]:
+        o = tmp_path / f"scored-{parser}"
+        assert main(["eval", "pope", "--questions", str(rand), "--answers", str(given), "--parser", parser,
+                     "--out", str(o)]) == 0
+        res = json.loads((o / "scores.json").read_text())
+        assert res["parser"] == parser and res["model"] is None
+        s = res["scores"]["all"]
+        assert (s["tp"], s["fp"], s["tn"], s["fn"], s["n"]) == (tp, fp, tn, fn, 3)
+    o = tmp_path / "scored-first"
+    assert main(["eval", "pope", "--questions", str(rand), "--answers", str(given), "--rule", "first",
+                 "--out", str(o)]) == 0
+    assert json.loads((o / "scores.json").read_text())["parser"] == "keepsight"
+    capsys.readouterr()
+
+    # errors, before any model is loaded
+    bad = tmp_path / "bad.json"
+    bad.write_text(_line(1) + "\n" + _line(2, "COCO_val2014_000000000007.jpg") + "\n")
+    base = ["eval", "pope", "--model", str(model)]
+    cases = [
+        (["--questions", str(bad), "--image-root", str(root)], f"{bad}:2: image 'COCO_val2014_000000000007.jpg'"),
+        (["--questions", str(rand)], "needs --image-root"),
+        (["--questions", str(rand), "--coco", str(tmp_path)], "give --coco"),
+        ([], "give --coco"),
+        (["--questions", str(rand), "--image-root", str(root), "--images", "5"], "--images: for questions built"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra, "--out", str(tmp_path / "err")]) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--questions", str(rand), "--parser", "llava", "--out", str(tmp_path / "err")])
+    assert "unknown yes/no parsing rule 'llava'" in capsys.readouterr().err
+    assert not (tmp_path / "err" / "answers.jsonl").exists()

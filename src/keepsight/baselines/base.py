@@ -191,13 +191,3 @@ def capture_image_inputs(model, stack: contextlib.ExitStack, skip=lambda: False)
     base.get_image_features = wrapper  # an instance attribute: the class's method comes back on exit
     stack.callback(lambda: base.__dict__.pop("get_image_features", None))
     return seen
-
-
-def plausibility_cut(logits: torch.Tensor, reference: torch.Tensor, beta: float) -> torch.Tensor:
-    """VCD's adaptive plausibility constraint: tokens whose probability under ``reference`` is below ``beta`` times
-    the most likely one's get -inf (``beta = 0`` keeps every token)."""
-    if beta <= 0:
-        return logits
-    probs = reference.float().softmax(-1)
-    keep = probs >= beta * probs.max(-1, keepdim=True).values
-    return logits.masked_fill(~keep, float("-inf"))

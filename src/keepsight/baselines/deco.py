@@ -7,10 +7,13 @@ logits to the final ones:
     l* = argmax_{l in layers} max_{y in C} softmax(l_l)(y),   c = that maximum
     logits(y) = l_N(y) + alpha * c * l_{l*}(y) for y in C, -inf elsewhere
 
-with l_l the LogitLens logits (final norm + lm_head) of layer l at the generating position. Paper defaults for
-LLaVA-1.5 (32 layers): alpha = 0.6, early layers 20 .. 28, which we scale to a model's depth as the fractions
-0.625 .. 0.875 of its layers; top-k 10 and top-p 0.9 for the candidates are ours. ``alpha = 0`` is the plain model,
-bit for bit (the candidate cut applies only when alpha > 0).
+with l_l the LogitLens logits (final norm + lm_head) of layer l at the generating position. Defaults for
+LLaVA-1.5 (32 layers): alpha = 0.6, early layers "20 .. 28" in the paper's indexing of ``hidden_states`` (entry i is
+the output of decoder layer i - 1, entry 0 the embeddings), i.e. the outputs of decoder layers 19 .. 27 here,
+scaled to a model's depth as the fractions 0.625 .. 0.875 of its layers, one shallower; candidates top-k 20 and
+top-p 0.9. The authors' code was not found in a public repository (the settings come from the issue review of
+it and the paper); there is no parity fixture. ``alpha = 0`` is the plain model, bit for bit (the candidate cut
+applies only when alpha > 0).
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from .base import Baseline, layer_range, number
 
 @dataclass
 class DeCoConfig:
-    alpha: float = 0.6
-    layers: list[int] | None = None  # None: the layers at 0.625 .. 0.875 of the depth (the paper's 20 .. 28 of 32)
-    top_k: int = 10
+    alpha: float = 0.6  # paper: 0.6
+    layers: list[int] | None = None  # decoder layers (None: outputs of 19 .. 27 of 32 = hidden_states[20 .. 28])
+    top_k: int = 20  # candidates (reference: 20)
     top_p: float = 0.9
 
     def __post_init__(self) -> None:
@@ -37,8 +40,9 @@ class DeCoConfig:
 
 
 def default_layers(n_layers: int) -> list[int]:
-    """The paper's early layers 20 .. 28 of LLaVA-1.5's 32, as fractions of any depth."""
-    lo, hi = int(0.625 * n_layers), min(n_layers - 1, int(0.875 * n_layers))
+    """The early layers: ``hidden_states[20 .. 28]`` of LLaVA-1.5's 32 layers, the outputs of decoder layers
+    19 .. 27, as fractions of any depth."""
+    lo, hi = max(0, int(0.625 * n_layers) - 1), max(0, min(n_layers - 1, int(0.875 * n_layers)) - 1)
     return list(range(lo, max(lo, hi) + 1))
 
 

@@ -1,22 +1,31 @@
 """PAI (Liu et al. 2024, "Paying More Attention to Image: A Training-Free Method for Alleviating Hallucination in
-LVLMs"), written from the paper's equations.
+LVLMs") as its authors released it (github LALBJ/PAI: ``attention.py`` ``llama_new_forward``, ``CFG.py`` ``CFGLogits``,
+``chair_eval.py`` / ``pope_eval.py`` for the defaults).
 
-1. Image attention amplified: in the chosen decoder layers, the attention logits of the generating position (the
-   last query) on the image tokens become ``a + alpha * |a|`` before the softmax (paper: alpha = 0.5, every layer
-   from the third on, for LLaVA-1.5).
-2. Image-centric logit refinement: the next-token logits move away from a text-only stream's (the same prompt with
-   its image tokens removed): ``(1 + gamma) * l(y | v, x) - gamma * l(y | x)``. The paper writes it
-   ``gamma' * l(y | v, x) - (gamma' - 1) * l(y | x)`` with gamma' = 1.1; ours is gamma = gamma' - 1 = 0.1, so that
-   gamma = 0 is the plain model. The paper's plausibility cut is ``beta`` (0 by default here: off).
+1. Image attention amplified: in decoder layers 2 .. L-1 (``range(start_layer=2, end_layer=32)`` for the 32 layers
+   of LLaVA-1.5), the attention logits of the last query of each forward (the prompt's last position at the
+   prefill, then each new token) on the image keys become ``a + alpha * |a|``, after the causal mask is added (and
+   clamped to the dtype's minimum) and before the softmax; alpha = 0.2 (the README's commands and the argparse
+   default; 0.5 was our earlier reading of the paper, unverified against it).
+2. Image-centric logit refinement on log-probabilities: ``g * log p(y | v, x) - (g - 1) * log p(y | x)`` with
+   g = 1.1 (the README; written here as ``gamma = g - 1 = 0.1`` so that gamma = 0 is the plain model), the text-only
+   stream being the same prompt with its image tokens removed, its own KV cache and positions; then the
+   plausibility cut the release hard-codes: tokens with ``p(y | v, x) < 0.1 * max p(y | v, x)`` get -inf
+   (``beta = 0.1``). The result is in log space, as the release returns it.
+3. With the refinement on, the release does not amplify the prefill's forward (its layers carry ``use_cfg=True``
+   until the first call of the logits processor, which comes after the prefill): the first token's conditional
+   logits are the unmodified model's. ``amplify_prefill=None`` does the same (amplified at the prefill only when
+   gamma = 0); True / False force it.
 
-Which queries are amplified (``rows``): "generated" (default, the paper's code): the last query of every forward -
-the prompt's last position at the prefill, then each new token - so a cached generation's keys carry the
-amplification of the step that made them, and a full forward over the same tokens differs; "after_image": every
-query after the image's last token, a fixed function of the sequence (a cached generation equals a full forward).
+Which queries are amplified (``rows``): "generated" (default, the release): the last query of every forward, so a
+cached generation's keys carry the amplification of the step that made them and a full forward over the same
+tokens differs; "after_image": every query after the image's last token, a fixed function of the sequence.
 
-The amplification runs as an attention function registered with transformers' ``AttentionInterface`` (as the
-attention probe does), set on the language model's config inside ``apply`` only; the text-only stream keeps its
-own KV cache. ``alpha = 0`` and ``gamma = 0`` give the plain model's generations.
+The amplification runs as an attention function registered with transformers' ``AttentionInterface``, set on the
+language model's config inside ``apply`` only. Differences from the release, kept on purpose: it is batched (each
+row its own image positions and padding) and handles grouped-query attention (the release's forward has neither);
+the release's beam search never reorders its text-only cache (greedy, what its scripts run, is unaffected).
+``alpha = 0`` and ``gamma = 0``, ``beta = 0`` give the plain model's generations.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..models.arch import arch_info
-from .base import Baseline, layer_range, number, plausibility_cut
+from .base import Baseline, layer_range, number
 
 PAI_ATTENTION = "keepsight_pai"
 _ACTIVE: list[PAI] = []
@@ -37,25 +46,34 @@ _ACTIVE: list[PAI] = []
 
 @dataclass
 class PAIConfig:
-    alpha: float = 0.5  # image attention amplification (paper: 0.5 for LLaVA-1.5)
-    gamma: float = 0.1  # text-only subtraction (the paper's gamma = 1.1, see the module docstring)
-    layers: list[int] | None = None  # decoder layers amplified (None: every layer from index 2 on, as the paper)
-    beta: float = 0.0  # plausibility cut on the refined logits (0: off)
+    alpha: float = 0.2  # image attention amplification (README commands, chair_eval.py / pope_eval.py --alpha: 0.2)
+    gamma: float = 0.1  # text-only subtraction, g - 1 (README --gamma 1.1; model_loader.py init_cfg_processor: 1.1)
+    layers: list[int] | None = None  # amplified decoder layers (None: 2 .. L-1, the scripts' start 2 / end 32)
+    beta: float = 0.1  # plausibility cut on the conditional probabilities (CFG.py: a hard-coded 0.1)
     drop_token_ids: list[int] = field(default_factory=list)  # more ids to drop from the text-only prompt
-    rows: str = "generated"  # amplified queries: "generated" (the paper's code) | "after_image"
+    rows: str = "generated"  # amplified queries: "generated" (attention.py: the last row) | "after_image"
+    amplify_prefill: bool | None = None  # None: as released (only when gamma = 0: use_cfg skips the prefill)
 
     def __post_init__(self) -> None:
         if self.rows not in ("generated", "after_image"):
             raise ValueError(f"rows must be 'generated' or 'after_image', got {self.rows!r}")
+        if self.amplify_prefill not in (None, True, False):
+            raise ValueError(f"amplify_prefill must be None, True or False, got {self.amplify_prefill!r}")
         self.alpha = number("alpha", self.alpha, low=0.0)
         self.gamma = number("gamma", self.gamma, low=0.0)
         self.beta = number("beta", self.beta, low=0.0, high=1.0)
+
+    @classmethod
+    def paper_alpha(cls, **settings) -> PAIConfig:
+        """alpha 0.5: our earlier reading of the paper for LLaVA-1.5 (not in the released commands)."""
+        return cls(**{"alpha": 0.5, **settings})
 
 
 def _pai_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     pai = _ACTIVE[-1] if _ACTIVE else None
     layer = getattr(module, "layer_idx", None)
-    if pai is None or pai.text_stream or layer not in pai.layers or pai.config.alpha == 0 or pai.visual is None:
+    if (pai is None or pai.text_stream or layer not in pai.layers or pai.config.alpha == 0 or pai.visual is None
+            or not pai.amplify_now):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     # query [B, H, Tq, D], key / value [B, Hkv, Tk, D]
@@ -65,6 +83,14 @@ def _pai_attention(module, query, key, value, attention_mask, dropout: float = 0
     v = value.repeat_interleave(rep, dim=1)
     scale = scaling if scaling is not None else d ** -0.5
     scores = (query @ k.transpose(-1, -2)).float() * scale  # [B, H, Tq, Tk]
+    # the mask first, clamped to the dtype's minimum (attention.py lines 67-73), then the amplification
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : scores.shape[-1]].float()
+    elif tq > 1:  # no mask given: causal over the new queries
+        tk = scores.shape[-1]
+        causal = torch.ones(tq, tk, dtype=torch.bool, device=scores.device).tril(tk - tq)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    scores = scores.clamp(min=torch.finfo(scores.dtype).min)
     visual = pai.visual[:, None, :].to(scores.device)  # [B, 1, Tk]
     if visual.shape[-1] != scores.shape[-1]:
         raise RuntimeError(f"layer {layer}: {scores.shape[-1]} keys but {visual.shape[-1]} tracked tokens")
@@ -77,12 +103,6 @@ def _pai_attention(module, query, key, value, attention_mask, dropout: float = 0
         q_pos = cols[scores.shape[-1] - tq:]  # [Tq]
         rows = (q_pos[None] > last_image[:, None])[:, None, :, None]  # [B, 1, Tq, 1]
         scores = torch.where(rows & visual[:, :, None, :], scores + pai.config.alpha * scores.abs(), scores)
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : scores.shape[-1]].float()
-    elif tq > 1:  # no mask given: causal over the new queries
-        tk = scores.shape[-1]
-        causal = torch.ones(tq, tk, dtype=torch.bool, device=scores.device).tril(tk - tq)
-        scores = scores.masked_fill(~causal, float("-inf"))
     weights = scores.softmax(-1).to(query.dtype)
     out = (weights @ v).transpose(1, 2).contiguous()  # [B, Tq, H, D]
     return out, weights
@@ -101,6 +121,7 @@ class PAI(Baseline):
         self.layers: set[int] = set()
         self.visual: torch.Tensor | None = None  # [B, T] image-token keys of the main stream
         self.text_stream = False
+        self.amplify_now = True  # False during a prefill the release leaves alone (amplify_prefill)
         self._text: dict = {}
 
     def _install(self, model, stack) -> None:
@@ -137,6 +158,9 @@ class PAI(Baseline):
                     self._stats.rows += ids.shape[0]
                 new = cache is None or cache.get_seq_length() == 0 or self.visual is None
                 self.visual = visual if new else torch.cat([self.visual, visual.to(self.visual.device)], 1)
+                prefill_amplified = (self.config.gamma == 0 if self.config.amplify_prefill is None
+                                     else self.config.amplify_prefill)
+                self.amplify_now = prefill_amplified or not new
 
             handle = model.register_forward_pre_hook(track, with_kwargs=True)
             stack.callback(handle.remove)
@@ -178,12 +202,17 @@ class PAI(Baseline):
         return out.logits[:, -1]
 
     def _refine(self, model, kwargs, logits: torch.Tensor, prefill: bool) -> torch.Tensor:
+        """CFG.py lines 29-57: on log-probabilities, ``(1 + gamma) log p_c - gamma log p_u``, then the cut on
+        ``log p_c < log(beta) + max log p_c``; the last position's row is replaced, in log space."""
         g = self.config.gamma
-        last = logits[:, -1]
-        refined = last
+        cond = logits[:, -1].log_softmax(-1)  # [B, V]
+        refined = cond
         if g > 0:
-            refined = (1 + g) * last - g * self._text_only(model, kwargs, prefill).to(last.dtype)
-        refined = plausibility_cut(refined, last, self.config.beta)
+            uncond = self._text_only(model, kwargs, prefill).to(cond.dtype).log_softmax(-1)
+            refined = (1 + g) * cond - g * uncond
+        if self.config.beta > 0:
+            cutoff = torch.log(torch.tensor(self.config.beta, dtype=cond.dtype)) + cond.max(-1, keepdim=True).values
+            refined = refined.masked_fill(cond < cutoff, float("-inf"))
         out = logits.clone()
         out[:, -1] = refined
         return out

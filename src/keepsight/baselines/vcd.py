@@ -1,37 +1,56 @@
 """Visual Contrastive Decoding (Leng et al. 2024, "Mitigating Object Hallucinations in Large Vision-Language
-Models through Visual Contrastive Decoding"), written from the paper's equations.
+Models through Visual Contrastive Decoding") as its authors released it (github DAMO-NLP-SG/VCD:
+``vcd_utils/vcd_add_noise.py``, ``vcd_utils/vcd_sample.py``, ``experiments/eval/object_hallucination_vqa_llava.py``
+for the defaults):
 
-    logits = (1 + alpha) * l(y | v, x) - alpha * l(y | v', x)
+    logits = (1 + alpha) * l(y | v, x) - alpha * l(y | v', x)     on raw logits (vcd_sample.py line 152)
 
-with v' the image after ``noise_step`` steps of the forward diffusion process (linear betas from 1e-4 to 0.02
-over ``diffusion_steps`` = 1000: ``v' = sqrt(abar_t) v + sqrt(1 - abar_t) eps``, applied to the processor's
-pixel tensor), and the adaptive plausibility constraint: tokens whose probability under l(y | v, x) is below
-``beta`` times the most likely token's are cut (-inf). Paper defaults: alpha = 1, beta = 0.1, noise step 500.
+with v' the processor's (normalised) pixel tensor after ``noise_step`` steps of VCD's forward diffusion
+(``v' = sqrt(abar_t) v + sqrt(1 - abar_t) eps``; its schedule: ``beta_s = sigmoid(linspace(-6, 6, 1000))_s *
+(5e-3 - 1e-5) + 1e-5``, so abar_500 = 0.745), and the adaptive plausibility cut on the clean logits: tokens with
+``l(y | v, x) < log(beta) + max l(y | v, x)`` get -inf (line 150). Defaults (the eval script's argparse): alpha 1,
+beta 0.1, noise step 500; ``VCDConfig.pope()`` is the POPE script's beta 0.2 (``cd_scripts/llava1.5_pope.bash``).
+``schedule="linear"`` (the DDPM betas 1e-4 .. 0.02: abar_500 = 0.078, near-pure noise) was our earlier reading.
 
-The distorted stream is the same model on v' with its own KV cache (``base.Stream``). Each image's noise is drawn
-from a generator seeded by ``seed`` and the image's own pixels, so a row gets the same noise alone or in a batch.
-``alpha = 0`` (and ``beta = 0``) is the plain model, bit for bit.
+Differences from the release, kept on purpose: the release patches only the sampling loop, so under greedy
+decoding it computes nothing (the plain model); ours contrasts under every decoding mode (its scripts sample at
+temperature 1 with no top-k / top-p: a user who wants that passes ``do_sample=True, top_k=0``). The release draws
+the noise from the global RNG (image i's noise depends on the order of the questions); ours from a generator seeded
+by ``seed`` and the image's own pixels, so a row gets the same noise alone or in a batch. The distorted stream is
+the same model on v' with its own KV cache (``base.Stream``), as the release's (after its July 2024 fix).
+``alpha = 0`` and ``beta = 0`` is the plain model, bit for bit.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
 import torch
 
-from .base import Baseline, Stream, capture_image_inputs, number, plausibility_cut
+from .base import Baseline, Stream, capture_image_inputs, number
+
+SCHEDULES = ("sigmoid", "linear")
 
 
 @dataclass
 class VCDConfig:
-    alpha: float = 1.0  # contrast strength (paper: 1)
-    beta: float = 0.1  # adaptive plausibility cut (paper: 0.1)
-    noise_step: int = 500  # diffusion step of the distortion (paper: 500 of 1000)
+    alpha: float = 1.0  # contrast strength (object_hallucination_vqa_llava.py --cd_alpha: 1)
+    beta: float = 0.1  # adaptive plausibility cut (--cd_beta: 0.1; the POPE script: 0.2, VCDConfig.pope())
+    noise_step: int = 500  # diffusion step of the distortion (--noise_step: 500 of vcd_add_noise.py's 1000)
     diffusion_steps: int = 1000
     seed: int = 0
+    schedule: str = "sigmoid"  # "sigmoid" (vcd_add_noise.py) | "linear" (DDPM's 1e-4 .. 0.02: our earlier reading)
+
+    @classmethod
+    def pope(cls, **settings) -> VCDConfig:
+        """The release's POPE script (cd_scripts/llava1.5_pope.bash): alpha 1, beta 0.2, noise step 500."""
+        return cls(**{"beta": 0.2, **settings})
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         self.alpha = number("alpha", self.alpha, low=0.0)
         self.beta = number("beta", self.beta, low=0.0, high=1.0)
         self.diffusion_steps = number("diffusion_steps", self.diffusion_steps, low=1, integer=True)
@@ -41,10 +60,16 @@ class VCDConfig:
         self.seed = number("seed", self.seed, low=0, integer=True)
 
 
-def alpha_bar(step: int, diffusion_steps: int = 1000) -> float:
-    """prod_{s <= step} (1 - beta_s) of the linear schedule beta_s in [1e-4, 0.02]."""
-    betas = torch.linspace(1e-4, 0.02, diffusion_steps, dtype=torch.float64)
-    return float(torch.cumprod(1 - betas, 0)[step])
+def alpha_bar(step: int, diffusion_steps: int = 1000, schedule: str = "sigmoid") -> float:
+    """prod_{s <= step} (1 - beta_s): VCD's sigmoid schedule (float32, as vcd_add_noise.py computes it) or the
+    linear DDPM schedule beta_s in [1e-4, 0.02]."""
+    if schedule == "sigmoid":
+        betas = torch.sigmoid(torch.linspace(-6, 6, diffusion_steps)) * (0.5e-2 - 1e-5) + 1e-5
+        return float(torch.cumprod(1 - betas, 0)[step])
+    if schedule == "linear":
+        betas = torch.linspace(1e-4, 0.02, diffusion_steps, dtype=torch.float64)
+        return float(torch.cumprod(1 - betas, 0)[step])
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 def _split(pixel_values: torch.Tensor, grid: torch.Tensor | None) -> list[torch.Tensor]:
@@ -55,9 +80,9 @@ def _split(pixel_values: torch.Tensor, grid: torch.Tensor | None) -> list[torch.
 
 
 def distort(pixel_values: torch.Tensor, step: int, seed: int, grid: torch.Tensor | None = None,
-            diffusion_steps: int = 1000) -> torch.Tensor:
+            diffusion_steps: int = 1000, schedule: str = "sigmoid") -> torch.Tensor:
     """Every image of ``pixel_values`` after ``step`` forward-diffusion steps, noise seeded by its own pixels."""
-    ab = alpha_bar(step, diffusion_steps)
+    ab = alpha_bar(step, diffusion_steps, schedule)
     out = []
     for img in _split(pixel_values, grid):
         key = zlib.crc32(img.detach().float().cpu().numpy().tobytes()) ^ seed
@@ -87,11 +112,14 @@ class VCD(Baseline):
                 kw.update({k: v for k, v in images.items() if k not in kw and k != "return_dict"})
             if kw.get("pixel_values") is not None:
                 kw["pixel_values"] = distort(kw["pixel_values"], cfg.noise_step, cfg.seed, kw.get("image_grid_thw"),
-                                             cfg.diffusion_steps)
+                                             cfg.diffusion_steps, cfg.schedule)
             elif prefill:
                 raise ValueError("VCD needs the image (pixel_values) on the forward that starts a sequence")
             distorted = stream.run(kw, prefill).logits
             out = (1 + cfg.alpha) * logits - cfg.alpha * distorted
-            return plausibility_cut(out, logits, cfg.beta)
+            if cfg.beta <= 0:
+                return out
+            cutoff = math.log(cfg.beta) + logits.max(-1, keepdim=True).values  # vcd_sample.py line 150
+            return out.masked_fill(logits < cutoff, float("-inf"))
 
         self._logits_hook(model, stack, combine, skip=lambda: stream.inside)

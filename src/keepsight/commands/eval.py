@@ -2,7 +2,8 @@
 
     keepsight eval generate --model DIR --data SOURCE [--pvm DIR | --bridge | --diffusion [--mps] [--mrs]] --out FILE.jsonl
     keepsight eval score --pred FILE.jsonl [--kind exact|yesno|choice|numeric]
-    keepsight eval pope --coco DIR --out DIR (--model DIR [method options] | --answers FILE.jsonl)
+    keepsight eval pope (--coco DIR | --questions FILE... --image-root DIR) --out DIR
+                        (--model DIR [method options] | --answers FILE.jsonl) [--parser pope|keepsight|opera]
     keepsight eval chair --captions FILE.jsonl --coco DIR [--out FILE.json]
 
 ``generate`` writes one ``{"id", "prompt", "answer", "reference", "category"}`` per row of ``--data`` (any source
@@ -10,8 +11,10 @@ of ``keepsight.data.open_dataset``, or a world directory: its yes/no questions o
 the method's decoding (``keepsight.integrations.lmms_eval.KeepsightLMM``, the same code lmms-eval runs);
 ``score`` scores such a file overall and per category with 95% Wilson intervals. ``pope`` builds POPE's
 questions from local COCO instance annotations (``keepsight.metrics.pope``: random / popular / adversarial
-negatives, seeded), answers them with the model or reads a given answers file, and reports accuracy,
-precision, recall, F1 and yes-ratio per strategy.
+negatives, seeded) or reads POPE's published question files (``--questions``), answers them with the model
+(greedy) or reads a given answers file, parses the answers by POPE's own rule (``--parser``, default
+``pope``) and reports accuracy (with a 95% Wilson interval), precision, recall, F1, yes-ratio and the
+TP/FP/TN/FN counts per strategy.
 
 CHAIR:
 ``FILE.jsonl`` holds one ``{"image_id": ..., "caption": ...}`` per line (see
@@ -35,11 +38,14 @@ from ..integrations.lmms_eval import KeepsightLMM
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 from ..metrics.pope import (
+    PARSERS,
     POPE_STRATEGIES,
     build_pope_questions,
     load_coco_instances,
+    parser_name,
     pope_scores,
     read_answers_jsonl,
+    read_pope_question_files,
 )
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
@@ -240,20 +246,40 @@ def run(args) -> int:
 # ----------------------------------------------------------------------------- POPE
 
 
+def _parser_name(text: str) -> str:
+    try:
+        return parser_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def pope_parser(ev_sub) -> None:
-    pp = ev_sub.add_parser("pope", help="POPE (Li et al. 2023) from local COCO instance annotations")
-    pp.add_argument("--coco", required=True, type=Path, help="COCO root, its annotations/ folder, or an instances "
-                    "JSON file")
-    pp.add_argument("--split", default="val", help="instances_{split}2014.json (or 2017)")
-    pp.add_argument("--image-root", type=Path, help="where the images' file names resolve (default: the first of "
-                    "COCO/{split}2014, COCO/images/{split}2014, COCO/{split}2017, COCO that holds them)")
-    pp.add_argument("--images", type=bounded_int(1, 1_000_000), default=500, help="images drawn (POPE: 500)")
-    pp.add_argument("--per-image", type=bounded_int(1, 40), default=3, help="yes (and no) questions per image")
-    pp.add_argument("--strategies", nargs="+", default=list(POPE_STRATEGIES), choices=list(POPE_STRATEGIES))
-    pp.add_argument("--rule", default="first", choices=["first", "pope"], help="answer parsing: the first yes / no "
-                    "/ not word (unparsed counts as no), or POPE's evaluate.py exactly")
+    pp = ev_sub.add_parser("pope", help="POPE (Li et al. 2023): questions built from local COCO instance "
+                           "annotations, or read from POPE's published question files")
+    src = pp.add_argument_group("questions (one of --coco / --questions)")
+    src.add_argument("--coco", type=Path, help="build the questions: COCO root, its annotations/ folder, or an "
+                     "instances JSON file")
+    src.add_argument("--questions", type=Path, nargs="+", action="extend", metavar="FILE",
+                     help="read the questions from POPE's published files (coco_pope_{random,popular,adversarial}"
+                     ".json: JSON Lines of {question_id, image, text, label}); repeatable; each file's strategy is "
+                     "the one in its name. Needs --image-root to run a model")
+    pp.add_argument("--split", help="--coco: instances_{split}2014.json (or 2017) (default: val)")
+    pp.add_argument("--image-root", type=Path, help="where the images' file names resolve (--questions: required "
+                    "with --model; --coco: default the first of COCO/{split}2014, COCO/images/{split}2014, "
+                    "COCO/{split}2017, COCO that holds them)")
+    pp.add_argument("--images", type=bounded_int(1, 1_000_000), help="--coco: images drawn (default, as POPE: 500)")
+    pp.add_argument("--per-image", type=bounded_int(1, 40), help="--coco: yes (and no) questions per image "
+                    "(default 3)")
+    pp.add_argument("--strategies", nargs="+", choices=list(POPE_STRATEGIES), help="--coco: negative sampling "
+                    "(default: all three)")
+    pp.add_argument("--parser", "--rule", dest="parser", default="pope", type=_parser_name,
+                    metavar="{" + ",".join(PARSERS) + "}",
+                    help="answer -> yes/no: pope = POPE's evaluate.py exactly (default; first sentence, exact "
+                    "case-sensitive No/no/not, anything else yes), keepsight = the first yes / no / not word "
+                    "(none: unparsed, counted as no; formerly 'first'), opera = OPERA's pope_eval.py "
+                    "(No/no/NO/not or a word ending in n't, whole answer)")
     pp.add_argument("--answers", type=Path, help="score this answers JSONL ({question_id, answer}) instead of "
-                    "running a model")
+                    "running a model (with one --questions file the file's own question ids work too)")
     pp.add_argument("--out", required=True, type=Path, help="directory: questions.jsonl, answers.jsonl, scores.json")
     method_args(pp, required_model=False)
     pp.set_defaults(func=run_pope)
@@ -274,28 +300,60 @@ def _image_root(args, records: list[dict]) -> Path:
 
 def pope_table(scores: dict) -> str:
     keys = [k for k in scores if k != "all"] + ["all"]
-    lines = [f"{'strategy':<12}{'n':>6}{'accuracy':>10}{'precision':>11}{'recall':>8}{'F1':>8}{'yes-ratio':>11}"
-             f"{'unparsed':>10}"]
+    lines = [f"{'strategy':<12}{'n':>6}{'accuracy':>10}  {'95% interval':<16}{'precision':>9}{'recall':>8}{'F1':>8}"
+             f"{'yes-ratio':>11}{'unparsed':>10}"]
     for k in keys:
         r = scores[k]
-        lines.append(f"{k:<12}{r['n']:>6}{r['accuracy']:>10.4f}{r['precision']:>11.4f}{r['recall']:>8.4f}"
-                     f"{r['f1']:>8.4f}{r['yes_ratio']:>11.4f}{r['n_unparsed']:>10}")
+        lines.append(f"{k:<12}{r['n']:>6}{r['accuracy']:>10.4f}  [{r['accuracy_low']:.3f}, {r['accuracy_high']:.3f}]"
+                     f"{r['precision']:>9.4f}{r['recall']:>8.4f}{r['f1']:>8.4f}{r['yes_ratio']:>11.4f}"
+                     f"{r['n_unparsed']:>10}")
     return "\n".join(lines)
+
+
+def _pope_answers_for(records: list[dict], answers: dict, n_files: int) -> dict:
+    """``answers`` keyed by keepsight's question ids; with one published question file, an answers file keyed by
+    that file's own ids (``pope_question_id``: POPE's integers) is re-keyed."""
+    if n_files == 1 and not any(r["question_id"] in answers for r in records):
+        own = {r["pope_question_id"]: r["question_id"] for r in records}
+        if any(q in own for q in answers):
+            return {own[q]: a for q, a in answers.items() if q in own}
+    return answers
 
 
 def run_pope(args) -> int:
     if (args.model is None) == (args.answers is None):
         raise ValueError("give --model (to answer the questions) or --answers (a file to score), not both or neither")
-    out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=[args.coco, args.model, args.answers])
-    instances = load_coco_instances(args.coco, split=args.split)
-    built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
-                                 strategies=args.strategies, seed=args.seed)
-    records = [r for rs in built.values() for r in rs]
+    if (args.coco is None) == (args.questions is None):
+        raise ValueError("give --coco (to build the questions) or --questions (POPE's question files), not both or "
+                         "neither")
+    if args.questions is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("split", "images", "per_image", "strategies")
+                 if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for questions built from --coco, not with --questions")
+        if args.model is not None and args.image_root is None:
+            raise ValueError("--questions with --model needs --image-root (the folder of the files' images)")
+    else:
+        args.split = args.split or "val"
+        args.images = args.images or 500
+        args.per_image = args.per_image or 3
+        args.strategies = args.strategies or list(POPE_STRATEGIES)
+    inputs = [args.coco, args.model, args.answers, *(args.questions or [])]
+    out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=inputs)
+    if args.questions is not None:  # every line checked (images too, when a model will read them) before loading
+        records = read_pope_question_files(args.questions, image_root=args.image_root if args.model else None)
+    else:
+        instances = load_coco_instances(args.coco, split=args.split)
+        built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
+                                     strategies=args.strategies, seed=args.seed)
+        records = [r for rs in built.values() for r in rs]
     out.mkdir(parents=True, exist_ok=True)
     mark(out, POPE_KIND)
     write_text(out / "questions.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     if args.answers is not None:
         answers = read_answers_jsonl(args.answers)
+        if args.questions is not None:
+            answers = _pope_answers_for(records, answers, len(args.questions))
     else:
         lmm = load_method(args)
         root = _image_root(args, records)
@@ -310,11 +368,17 @@ def run_pope(args) -> int:
                 bar.update(len(chunk))
         write_text(out / "answers.jsonl", "".join(json.dumps({"question_id": q, "answer": a}) + "\n"
                                                   for q, a in answers.items()))
-    scores = pope_scores(records, answers, rule=args.rule)
-    write_json(out / "scores.json", {"coco": str(args.coco), "split": args.split, "images": args.images,
-                                     "per_image": args.per_image, "seed": args.seed, "rule": args.rule,
-                                     "model": args.model, "answers": str(args.answers) if args.answers else None,
-                                     "scores": scores})
+    scores = pope_scores(records, answers, rule=args.parser)
+    if args.questions is not None:
+        setup = {"questions": [str(q) for q in args.questions],
+                 "image_root": str(args.image_root) if args.image_root else None}
+    else:
+        setup = {"coco": str(args.coco), "split": args.split, "images": args.images, "per_image": args.per_image,
+                 "seed": args.seed}
+    write_json(out / "scores.json", {**setup, "parser": args.parser, "rule": args.parser, "model": args.model,
+                                     "max_new_tokens": args.max_new_tokens if args.model else None,
+                                     "answers": str(args.answers) if args.answers else None, "scores": scores})
+    print(f"answers parsed by the {args.parser!r} rule")
     print(pope_table(scores))
     print(f"wrote {out}/questions.jsonl, scores.json" + ("" if args.answers else ", answers.jsonl"))
     return 0

@@ -1,5 +1,5 @@
-"""The training-free baselines on the world (issue 17): the base, each baseline at the paper's defaults and one
-stronger setting, and PVM (stage 1, the PVM experiment's cached adapter), scored on the same scenes: yes/no by
+"""The training-free baselines on the world: the base, each baseline at its released defaults and one stronger
+setting, and PVM (stage 1, the PVM experiment's cached adapter), scored on the same scenes: yes/no by
 category, accuracy vs history length (the dilution regime), CHAIR / recall of descriptions, the world POPE, and
 generation time per token relative to the base (descriptions, median of interleaved runs).
 """
@@ -22,10 +22,12 @@ from ..world.texts import DESCRIBE_PROMPT
 from .arm import ExperimentContext, evaluate_arm
 from .pvm import PVMExperiment, sft_adapter
 
-ARMS = {  # name -> (method, settings): the paper's defaults, and a stronger reading of each
+ARMS = {  # name -> (method, settings): the released defaults, a stronger setting, and our earlier reading where
+    # it differed (VCD's linear noise schedule)
     "vcd": ("vcd", {}), "vcd (alpha 2)": ("vcd", {"alpha": 2.0}),
+    "vcd (linear schedule)": ("vcd", {"schedule": "linear"}),
     "pai": ("pai", {}), "pai (alpha 1, gamma 0.5)": ("pai", {"alpha": 1.0, "gamma": 0.5}),
-    "memvr": ("memvr", {}), "memvr (threshold 0.5, alpha 0.3)": ("memvr", {"threshold": 0.5, "alpha": 0.3}),
+    "memvr": ("memvr", {}), "memvr (threshold 0.5, ratio 0.31)": ("memvr", {"threshold": 0.5, "ratio": 0.31}),
     "deco": ("deco", {}), "deco (alpha 1)": ("deco", {"alpha": 1.0}),
 }
 
@@ -90,19 +92,26 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
             "time_per_token_vs_base": speed, "stats": stats, "threads": torch.get_num_threads()}
 
 
+def _with_interval(scores: dict) -> str:
+    """``acc [low, high]`` (95% Wilson) of a yes / no result, or the bare accuracy where no interval was kept."""
+    ci = scores.get("overall_ci")
+    acc = scores["overall_acc"]
+    return f"{acc:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{acc:.3f}"
+
+
 def compare(res: dict) -> list[list]:
-    """Rows: arm, yes/no, history at the shortest / longest length, drop, CHAIRi, object recall, POPE adversarial
-    F1, time per token vs base."""
+    """Rows: arm, yes/no (95% interval) and its count, history at the shortest / longest length, drop, CHAIRi,
+    object recall, POPE adversarial / popular F1, time per token vs base."""
     rows = []
     for name, a in res["arms"].items():
         hist = a["history"]
         lo, hi = hist["lengths"][0], hist["lengths"][-1]
-        rows.append([name, a["yes_no"]["overall_acc"], hist["by_length"][str(lo)]["acc"],
+        rows.append([name, _with_interval(a["yes_no"]), a["yes_no"].get("n"), hist["by_length"][str(lo)]["acc"],
                      hist["by_length"][str(hi)]["acc"], hist["drop"]["diff"], a["descriptions"]["chair"]["chair_i"],
                      a["descriptions"]["chair"]["object_recall"], a["pope"]["adversarial"]["f1"],
                      a["pope"]["popular"]["f1"], res["time_per_token_vs_base"].get(name)])
     return rows
 
 
-COMPARE_HEADER = ["arm", "yes/no", "history short", "history long", "drop", "CHAIRi", "object recall",
+COMPARE_HEADER = ["arm", "yes/no [95% CI]", "n", "history short", "history long", "drop", "CHAIRi", "object recall",
                   "POPE adv. F1", "POPE pop. F1", "time / token vs base"]

@@ -64,18 +64,34 @@ the image?", as in the reference's published files). Per image the records alter
 (yes, no, yes, no, ...), as in the reference. ``question_id`` is ``f"{strategy}-{k}"`` with k counting from
 0 within the strategy (the reference numbers each strategy's file from 0), unique across strategies.
 
-Parsing answers (``parse_yes_no``). ``rule="first"`` (default): the first of the whole words "yes", "no",
-"not" (case-insensitive; words are runs of ASCII letters, so "isn't" and "cannot" are neither) decides:
-"yes" -> "yes", "no"/"not" -> "no"; ``None`` when none occurs. ``rule="pope"`` is the reference's
-``evaluate.py`` exactly: keep the text before the first ".", drop commas, split on spaces; "no" when one of
-the tokens is exactly "No", "not" or "no" (case-sensitive: "NO" and "Not" do not count), otherwise "yes",
-so it never returns ``None`` ("I cannot tell" is a "yes" there).
+Parsing answers (``parse_yes_no``), three named rules (``PARSERS``):
 
-Scores (``pope_scores``). Positive class "yes". An answer that does not parse (``None``) is counted in
-``n_unparsed`` and scored as "no" (it is not a yes: wrong on a yes question, right on a no question);
-under ``rule="pope"`` nothing is unparsed and the reference's "anything else is yes" applies. precision,
-recall and F1 are 0.0 when their denominator is 0 (the reference divides by zero). Scores are per strategy
+* ``"pope"`` (default; the reference ``evaluate.py`` exactly, so numbers compare with published ones): keep
+  the text before the first ".", drop commas, split on single spaces; "no" when one of the tokens is exactly
+  "No", "not" or "no" (case-sensitive: "NO", "Not", "no!" and "isn't" do not count), otherwise "yes". It
+  never returns ``None``: anything else, the empty answer included, is a "yes" ("I cannot tell" too).
+* ``"keepsight"`` (keepsight's earlier default, formerly called ``"first"``, which is still accepted): the
+  first of the whole words "yes", "no", "not" (case-insensitive; words are runs of ASCII letters, so "isn't"
+  and "cannot" are neither) decides: "yes" -> "yes", "no"/"not" -> "no"; ``None`` when none occurs.
+* ``"opera"`` (OPERA's ``pope_eval.py`` ``recorder``): drop every "." and "," (no first-sentence cut), split
+  on single spaces; "no" when a token is "No", "not", "no" or "NO" or ends in "n't", otherwise "yes" (never
+  ``None``).
+
+Scores (``pope_scores``). Positive class "yes"; the formulas are the reference's: accuracy = (TP+TN)/n,
+precision = TP/(TP+FP), recall = TP/(TP+FN), F1 = 2PR/(P+R), yes_ratio = (TP+FP)/n, with the counts
+``tp``/``fp``/``tn``/``fn``/``n`` and a 95% Wilson interval for accuracy (``accuracy_low``/``accuracy_high``,
+``keepsight.metrics.stats.wilson``). An answer that does not parse (``None``, only under ``"keepsight"``) is
+counted in ``n_unparsed`` and scored as "no" (wrong on a yes question, right on a no question). precision,
+recall and F1 are 0.0 when their denominator is 0 (the reference divides by zero). Answers are matched to
+questions by ``question_id`` (the reference pairs them by line order). Scores are per strategy
 (``record["strategy"]``) plus "all", which pools every record (positives then count once per strategy).
+
+Published question files (``read_pope_question_file``). The reference's ``output/coco/coco_pope_{random,
+popular,adversarial}.json`` are JSON Lines (CRLF line endings in the repository), one ``{"question_id": int,
+"image": "COCO_val2014_....jpg", "text": "Is there a ... in the image?", "label": "yes"|"no"}`` per line.
+They are read into the records ``build_pope_questions`` makes, the file's strategy (the POPE strategy named
+in the file name, else the file's stem) prefixed to the question id (``"random-1"``; the file's own id stays
+in ``pope_question_id``) so that several files can be scored together.
 """
 
 from __future__ import annotations
@@ -89,6 +105,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .coco_chair import _SPLITS, _YEARS, _candidate_dirs, _load_json
+from .stats import wilson
 
 #: The three negative-sampling strategies of POPE, in the paper's order.
 POPE_STRATEGIES = ("random", "popular", "adversarial")
@@ -98,7 +115,11 @@ QUESTION_TEMPLATE = "Is there a {} in the image?"
 _POSITIVES = ("random", "area")
 _COUNTS_FROM = ("selected", "all")
 _ADVERSARIAL = ("per_object", "pooled")
-_RULES = ("first", "pope")
+#: The answer parsers (``parse_yes_no``): POPE's evaluate.py (the default), keepsight's first-word rule, OPERA's.
+PARSERS = ("pope", "keepsight", "opera")
+#: Earlier names still accepted.
+_ALIASES = {"first": "keepsight"}
+_OPERA_NEG = ("No", "not", "no", "NO")
 
 # ------------------------------------------------------------------------------------ annotations
 
@@ -304,13 +325,23 @@ def build_pope_questions(
 _WORDS_RE = re.compile(r"[a-z]+")
 
 
-def parse_yes_no(text: str, rule: str = "first") -> str | None:
-    """"yes", "no" or ``None`` for a model's answer (see the module docstring for both rules).
+def parser_name(rule: str) -> str:
+    """The canonical name of a yes/no parsing rule (``"first"`` -> ``"keepsight"``); ``ValueError`` if unknown."""
+    rule = _ALIASES.get(rule, rule)
+    if rule not in PARSERS:
+        raise ValueError(f"unknown yes/no parsing rule {rule!r}; expected one of {list(PARSERS)}")
+    return rule
 
-    ``rule="first"``: the first whole word among yes / no / not decides ("There is no dog." -> "no",
-    "I cannot tell" -> None). ``rule="pope"``: the reference ``evaluate.py`` (never None).
+
+def parse_yes_no(text: str, rule: str = "pope") -> str | None:
+    """"yes", "no" or ``None`` for a model's answer (see the module docstring for the rules).
+
+    ``rule="pope"`` (default): the reference ``evaluate.py`` (never None; "NO." -> "yes", "" -> "yes").
+    ``rule="keepsight"`` (alias ``"first"``): the first whole word among yes / no / not decides ("There is no
+    dog." -> "no", "I cannot tell" -> None). ``rule="opera"``: OPERA's ``pope_eval.py`` (never None).
     """
-    if rule == "first":
+    rule = parser_name(rule)
+    if rule == "keepsight":
         for w in _WORDS_RE.findall(text.lower()):
             if w == "yes":
                 return "yes"
@@ -322,7 +353,8 @@ def parse_yes_no(text: str, rule: str = "first") -> str | None:
             text = text.split(".")[0]
         words = text.replace(",", "").split(" ")
         return "no" if ("No" in words or "not" in words or "no" in words) else "yes"
-    raise ValueError(f"unknown yes/no parsing rule {rule!r}; expected one of {list(_RULES)}")
+    words = text.replace(".", "").replace(",", "").split(" ")  # opera
+    return "no" if any(w in _OPERA_NEG or w.endswith("n't") for w in words) else "yes"
 
 
 def _answer_map(answers) -> dict:
@@ -341,8 +373,11 @@ def _binary(tp: int, fp: int, tn: int, fn: int, n_unparsed: int) -> dict:
     n = tp + fp + tn + fn
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
+    low, high = wilson(tp + tn, n)
     return {
         "accuracy": (tp + tn) / n,
+        "accuracy_low": low,
+        "accuracy_high": high,
         "precision": precision,
         "recall": recall,
         "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
@@ -353,18 +388,19 @@ def _binary(tp: int, fp: int, tn: int, fn: int, n_unparsed: int) -> dict:
     }
 
 
-def pope_scores(records: Iterable[Mapping], answers, *, rule: str = "first") -> dict:
-    """Accuracy, precision, recall, F1 ("yes" positive), yes_ratio, n, n_unparsed and the TP/FP/TN/FN
-    counts, per strategy and "all" (fractions in [0, 1]).
+def pope_scores(records: Iterable[Mapping], answers, *, rule: str = "pope") -> dict:
+    """Accuracy (with its 95% Wilson interval ``accuracy_low``/``accuracy_high``), precision, recall, F1
+    ("yes" positive), yes_ratio, n, n_unparsed and the TP/FP/TN/FN counts, per strategy and "all" (fractions
+    in [0, 1]).
 
     ``records`` are POPE questions (``question_id``, ``label``, optionally ``strategy``; a record without
     one counts in "all" only); ``answers`` maps question_id -> answer text, or is an iterable of
     ``{"question_id", "answer"}`` (``read_answers_jsonl``). Answers that ``parse_yes_no(text, rule)``
-    cannot parse count as "no" and in ``n_unparsed``. Answers to other questions are ignored. Raises
+    cannot parse (only the ``"keepsight"`` rule has such answers) count as "no" and in ``n_unparsed``. Answers
+    to other questions are ignored. Raises
     ``ValueError`` for no records, a label other than yes/no, or questions without an answer.
     """
-    if rule not in _RULES:
-        raise ValueError(f"unknown yes/no parsing rule {rule!r}; expected one of {list(_RULES)}")
+    rule = parser_name(rule)
     amap = _answer_map(answers)
     # (prediction, label) -> confusion cell
     cell_of = {("yes", "yes"): "tp", ("yes", "no"): "fp", ("no", "no"): "tn", ("no", "yes"): "fn"}
@@ -443,6 +479,87 @@ def read_questions_jsonl(path: str | os.PathLike) -> list[dict]:
     if not out:
         raise ValueError(f"{path}: no questions")
     return out
+
+
+def pope_file_strategy(path: str | os.PathLike) -> str:
+    """The strategy a published POPE question file holds: the POPE strategy named in its file name
+    (``coco_pope_adversarial.json`` -> "adversarial"), else the file's stem."""
+    stem = Path(path).stem
+    return next((s for s in POPE_STRATEGIES if s in stem.lower()), stem)
+
+
+def read_pope_question_file(
+    path: str | os.PathLike, *, strategy: str | None = None, image_root: str | os.PathLike | None = None
+) -> list[dict]:
+    """POPE records from a published question file (``coco_pope_random.json`` and the like: JSON Lines, LF or
+    CRLF, one ``{"question_id", "image", "text", "label"}`` object per line; blank lines are skipped).
+
+    Each record is ``{"question_id": f"{strategy}-{id}", "pope_question_id": id, "image", "question" (the
+    file's ``text``), "label", "strategy", "line"}``, in file order; ``strategy`` defaults to
+    ``pope_file_strategy(path)``. With ``image_root``, every image must be a file under it. Raises
+    ``FileNotFoundError`` for a missing file and ``ValueError`` naming ``path:line`` for a line that is not a
+    JSON object, lacks a field (or has one of the wrong type), has a label other than "yes"/"no", repeats a
+    question_id, or names an image missing under ``image_root``; ``ValueError`` too for a file without
+    questions."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"POPE question file not found: {path}")
+    strategy = pope_file_strategy(path) if strategy is None else strategy
+    root = None if image_root is None else Path(image_root)
+    out: list[dict] = []
+    first_line: dict = {}
+    with open(path, encoding="utf-8-sig", newline=None) as f:  # universal newlines: CRLF reads as LF
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            for key in ("question_id", "image", "text", "label"):
+                if key not in rec:
+                    raise ValueError(f"{where}: missing field {key!r}")
+            qid = rec["question_id"]
+            if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+                raise ValueError(f"{where}: 'question_id' must be an integer or a string, got {qid!r}")
+            for key in ("image", "text"):
+                if not isinstance(rec[key], str) or not rec[key].strip():
+                    raise ValueError(f"{where}: {key!r} must be a non-empty string, got {rec[key]!r}")
+            if rec["label"] not in ("yes", "no"):
+                raise ValueError(f"{where}: 'label' must be 'yes' or 'no', got {rec['label']!r}")
+            if qid in first_line:
+                raise ValueError(f"{where}: question_id {qid!r} already used at {first_line[qid]}")
+            first_line[qid] = where
+            if root is not None and not (root / rec["image"]).is_file():
+                raise ValueError(f"{where}: image {rec['image']!r} not found under {root}")
+            out.append({"question_id": f"{strategy}-{qid}", "pope_question_id": qid, "image": rec["image"],
+                        "question": rec["text"], "label": rec["label"], "strategy": strategy, "line": lineno})
+    if not out:
+        raise ValueError(f"{path}: no questions")
+    return out
+
+
+def read_pope_question_files(
+    paths: Sequence[str | os.PathLike], *, image_root: str | os.PathLike | None = None
+) -> list[dict]:
+    """The records of several published question files (``read_pope_question_file``), file after file. Each
+    file's strategy is the POPE strategy in its name when those are distinct across the files, else its stem;
+    files whose stems coincide too are a ``ValueError`` (their question ids would clash)."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("no POPE question files given")
+    names = [pope_file_strategy(p) for p in paths]
+    if len(set(names)) < len(names):
+        names = [p.stem for p in paths]
+        if len(set(names)) < len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"two POPE question files are both named {dup!r} (their question ids would clash): "
+                             + ", ".join(str(p) for p, n in zip(paths, names) if n == dup))
+    return [r for p, name in zip(paths, names) for r in read_pope_question_file(p, strategy=name,
+                                                                                 image_root=image_root)]
 
 
 def read_answers_jsonl(path: str | os.PathLike) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from .stats import wilson
+
 
 def normalise_answer(text: str) -> str:
     """'Yes.' / ' yes ,' -> 'yes'; anything else -> its first word, lower case ('' if empty)."""
@@ -44,4 +46,6 @@ def yes_no_scores(records: Iterable[dict]) -> dict:
         "categories": cats,
         "total": sum(c["score"] for c in cats.values()),
         "overall_acc": sum(all_q) / len(all_q),
+        "n": len(all_q),
+        "overall_ci": list(wilson(sum(all_q), len(all_q))),  # 95% Wilson interval of overall_acc
     }

@@ -36,9 +36,10 @@ def world_pope_questions(samples: WorldSamples, n_per_image: int = 3, seed: int 
 
 def evaluate_world_pope(model, processor, samples: WorldSamples, n_per_image: int = 3, seed: int = 0,
                         batch_size: int = 64) -> dict:
-    """Accuracy, precision, recall, F1 and yes-ratio per strategy of the model's first answer word."""
+    """Accuracy, precision, recall, F1 and yes-ratio per strategy of the model's first answer word (keepsight's
+    first-word rule, not POPE's: an answer that is neither yes nor no counts as no)."""
     records = world_pope_questions(samples, n_per_image, seed)
     images = [samples.images[r["image_id"]] for r in records]
     answers = generate_answers(model, processor, [r["question"] for r in records], images, max_new_tokens=1,
                                batch_size=batch_size)
-    return pope_scores(records, {r["question_id"]: a for r, a in zip(records, answers)})
+    return pope_scores(records, {r["question_id"]: a for r, a in zip(records, answers)}, rule="keepsight")
