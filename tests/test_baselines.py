@@ -459,3 +459,60 @@ def test_eval_generate_names_bad_baseline_settings_before_loading(tmp_path, caps
     empty.write_text("\n")
     assert main(["eval", "score", "--pred", str(empty)]) == 2
     assert f"--pred {empty}: no predictions to score" in capsys.readouterr().err
+
+
+QUESTIONS = ["describe the scene .", "is there a red circle at b2 ?", "what colour is the square ?",
+             "how many objects are there ?", "is there a blue triangle ?", "describe the scene .",
+             "where is the green circle ?", "is there a yellow square at a1 ?"]
+COLOURS = [(200, 20, 20), (20, 90, 200), (30, 160, 40), (220, 200, 30), (120, 40, 160), (10, 10, 10),
+           (240, 240, 240), (90, 60, 20)]
+
+
+@pytest.fixture(scope="module")
+def eight(setup):
+    """Eight rows of different lengths and images: one left-padded batch and each row alone."""
+    _, processor, _, _ = setup
+    imgs = [Image.new("RGB", (64, 64), c) for c in COLOURS]
+    texts = [render_prompt(processor, Sample.single_turn(q, image=im)) for q, im in zip(QUESTIONS, imgs)]
+    with padding_side(processor.tokenizer, "left"):
+        batch = processor(text=texts, images=imgs, return_tensors="pt", padding=True)
+    assert len(set(batch["attention_mask"].sum(1).tolist())) >= 3  # really different lengths
+    return batch, [processor(text=[t], images=[im], return_tensors="pt") for t, im in zip(texts, imgs)]
+
+
+def _pvm_model(model):
+    """A copy of the model with the released PVM block on two layers and a live gate."""
+    import copy
+
+    from keepsight.pvm import PVMConfig, attach_pvm
+
+    m = copy.deepcopy(model)
+    attach_pvm(m, PVMConfig(layers=[1, 2]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.pvm.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+        for block in m.pvm.values():
+            block.gate_alpha.fill_(0.5)
+    return m
+
+
+@pytest.mark.parametrize("name", [*ZERO, "pvm"])
+def test_scores_do_not_depend_on_the_batch_size(setup, eight, name):
+    """Greedy answers of 8 left-padded rows in one batch equal each row decoded alone (batch 1), for every baseline
+    at its released defaults and for PVM: a reported score cannot depend on the batch size."""
+    model, processor, _, _ = setup
+    batch, rows = eight
+    if name == "pvm":
+        model, ctx = _pvm_model(model), None
+    else:
+        ctx = build_baseline(name)
+    import contextlib
+
+    with ctx.apply(model) if ctx is not None else contextlib.nullcontext():
+        together = _gen(model, processor, batch).sequences[:, batch["input_ids"].shape[1]:]
+        for r, single in enumerate(rows):
+            alone = _gen(model, processor, single).sequences[0, single["input_ids"].shape[1]:]
+            n = alone.shape[0]  # alone stops at eos; in the batch the row is padded after it
+            assert torch.equal(together[r, :n], alone), (name, r)
+            assert bool((together[r, n:] == processor.tokenizer.pad_token_id).all()), (name, r)
