@@ -22,7 +22,7 @@ from .determinism import DEFAULT_THREADS, SOURCE_ROOT, configured, provenance, s
 from .experiments.aggregate import aggregate
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
 from .experiments.baselines import ARMS as BASELINE_ARMS
-from .experiments.baselines import BaselinesExperiment, run_baselines_experiment
+from .experiments.baselines import BEAM_ARMS, BaselinesExperiment, run_baselines_experiment
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
@@ -130,6 +130,7 @@ PROFILES = {
         diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=4,
                                       steps_grid=(4,), sweep_steps=4, sweeps={"lam": [0.3], "beta": [0.1]}),
         baselines=BaselinesExperiment(arms={k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")},
+                                      beam_arms={"opera": BEAM_ARMS["opera"]}, beam_scenes=2,
                                       pvm=PVMExperiment(sft=PVMTrainConfig(steps=8, save_every=1000)),
                                       timing_scenes=2, timing_repeats=1),
     ),
@@ -174,7 +175,8 @@ PROFILES = {
                                          "center": [False, True], "layers": ["final", [-2], [-3, -1]],
                                          "amplitude_beta": [0.01, 0.1, 0.5, 1.0],
                                          "frequency_beta": [0.01, 0.1, 0.5, 1.0]})),
-    # `--profile baselines`: VCD, PAI, MemVR and DeCo (paper defaults and a stronger setting) beside PVM stage 1 on
+    # `--profile baselines`: VCD, PAI, MemVR and DeCo (released defaults and a stronger setting), plain beam search and
+    # OPERA (on 40 scenes), beside PVM stage 1 on
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
     "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                              baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT))),

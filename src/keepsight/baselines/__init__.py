@@ -1,6 +1,7 @@
 """Training-free grounding baselines behind one API, on today's Hugging Face classes (LLaVA-family, Qwen3-VL,
-Qwen2.5-VL): VCD, PAI, MemVR, DeCo. Each is a config dataclass with the paper's defaults and a method object whose
-``apply(model)`` context manager installs everything (hooks, an attention function) and removes it on exit;
+Qwen2.5-VL): VCD, PAI, MemVR, DeCo, OPERA. Each is a config dataclass with its released code's defaults and a method
+object whose ``apply(model)`` context manager installs everything (hooks, an attention function; OPERA: its beam
+search in place of ``model.generate``) and removes it on exit;
 ``stats()`` says how often it acted. Combine with PVM where both apply: PVM is part of the model (an adapter), so
 any baseline can run on a PVM model; baselines are not stacked on one another (``apply`` refuses nothing, but the
 results of two logit-level methods together are not what either paper measured).
@@ -15,11 +16,12 @@ results of two logit-level methods together are not what either paper measured).
 from .base import Baseline, Stats
 from .deco import DeCo, DeCoConfig
 from .memvr import MemVR, MemVRConfig
+from .opera import OPERA, OPERAConfig
 from .pai import PAI, PAIConfig
 from .vcd import VCD, VCDConfig, alpha_bar, distort
 
 BASELINES = {"vcd": (VCD, VCDConfig), "pai": (PAI, PAIConfig), "memvr": (MemVR, MemVRConfig),
-             "deco": (DeCo, DeCoConfig)}
+             "deco": (DeCo, DeCoConfig), "opera": (OPERA, OPERAConfig)}
 
 
 def build_baseline(name: str, **settings) -> Baseline:
@@ -33,5 +35,5 @@ def build_baseline(name: str, **settings) -> Baseline:
         raise ValueError(f"{name}: {e}") from None
 
 
-__all__ = ["BASELINES", "Baseline", "DeCo", "DeCoConfig", "MemVR", "MemVRConfig", "PAI", "PAIConfig", "Stats", "VCD",
-           "VCDConfig", "alpha_bar", "build_baseline", "distort"]
+__all__ = ["BASELINES", "Baseline", "DeCo", "DeCoConfig", "MemVR", "MemVRConfig", "OPERA", "OPERAConfig", "PAI",
+           "PAIConfig", "Stats", "VCD", "VCDConfig", "alpha_bar", "build_baseline", "distort"]

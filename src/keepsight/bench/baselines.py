@@ -1,8 +1,9 @@
 """``keepsight bench baselines``: generation time per token of each training-free baseline (``keepsight.baselines``)
 relative to the plain model, as the median of interleaved A/B pairs on the same inputs, on the tiny LLaVA preset and
 a mid-size one (text width 512, 8 layers). By design VCD and PAI's text-only subtraction run a second stream, about
-one extra cached forward per token (a design cost of ~2x); MemVR and DeCo add LogitLens reads. The table reports each
-ratio next to its design cost (goal: within 10% of it).
+one extra cached forward per token (a design cost of ~2x); MemVR and DeCo add LogitLens reads; OPERA is timed against
+plain beam search with the same 5 beams, its design cost one forward for the beams plus one per candidate (6x). The
+table reports each ratio next to its design cost (goal: within 10% of it).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT
 from . import write_result
 
-# method -> (settings, the design cost in plain forwards per token)
-METHODS = {"vcd": ({}, 2.0), "pai": ({}, 2.0), "pai (attention only)": ({"gamma": 0.0}, 1.0),
-           "memvr": ({"threshold": 0.0}, 1.0), "deco": ({}, 1.0)}
+# method -> (settings, the design cost in plain forwards per token, generate's extra arguments for both arms)
+METHODS = {"vcd": ({}, 2.0, {}), "pai": ({}, 2.0, {}), "pai (attention only)": ({"gamma": 0.0, "beta": 0.0}, 1.0, {}),
+           "memvr": ({"threshold": 0.0}, 1.0, {}), "deco": ({}, 1.0, {}),
+           # against plain beam search with the same 5 beams: one forward for the beams plus one per candidate (5)
+           "opera": ({}, 6.0, {"num_beams": 5})}
 SIZES = {"tiny": {}, "mid": {"text_hidden": 512, "text_layers": 8, "text_heads": 8, "text_kv_heads": 4,
                              "text_intermediate": 1536}}
 
@@ -59,13 +62,14 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
                   pad_token_id=processor.tokenizer.pad_token_id)
 
         _generate(model, enc, kw)  # warm-up
-        for name, (settings, design) in METHODS.items():
+        for name, (settings, design, extra) in METHODS.items():
             method = build_baseline(name.split(" ")[0], **settings)
-            _generate(model, enc, kw, method)
+            k_arm = {**kw, **extra}
+            _generate(model, enc, k_arm, method)
             ta, tb = [], []
             for _ in range(pairs):
-                ta.append(_timed(lambda m=model, e=enc, k=kw: _generate(m, e, k)))
-                tb.append(_timed(lambda m=model, e=enc, k=kw, x=method: _generate(m, e, k, x)))
+                ta.append(_timed(lambda m=model, e=enc, k=k_arm: _generate(m, e, k)))
+                tb.append(_timed(lambda m=model, e=enc, k=k_arm, x=method: _generate(m, e, k, x)))
             ratio = statistics.median(b / a for a, b in zip(ta, tb))
             rows.append({"size": size, "method": name, "ratio": ratio, "design": design,
                          "ms_per_token_plain": 1000 * statistics.median(ta) / new_tokens,

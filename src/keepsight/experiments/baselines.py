@@ -30,6 +30,11 @@ ARMS = {  # name -> (method, settings): the released defaults, a stronger settin
     "memvr": ("memvr", {}), "memvr (threshold 0.5, ratio 0.31)": ("memvr", {"threshold": 0.5, "ratio": 0.31}),
     "deco": ("deco", {}), "deco (alpha 1)": ("deco", {"alpha": 1.0}),
 }
+# beam-search arms, on the first ``beam_scenes`` scenes of each set (each row decodes alone with 5 beams: OPERA costs
+# about 1 + 5 forwards per step): plain beam search (OPERA off: the model's own generate) and OPERA at its defaults
+BEAM_ARMS = {"beam search (5 beams)": ("opera", {"penalty_weights": 0.0, "threshold": None,
+                                                 "num_attn_candidates": None}),
+             "opera": ("opera", {})}
 
 
 @dataclass
@@ -39,9 +44,12 @@ class BaselinesExperiment:
     timing_scenes: int = 16  # descriptions timed per arm
     timing_repeats: int = 3
     pope_per_image: int = 3
+    beam_arms: dict = field(default_factory=lambda: dict(BEAM_ARMS))
+    beam_scenes: int = 40  # scenes of each set the beam arms (and the base beside them) are scored on
 
     def to_dict(self) -> dict:
         return {"arms": {k: [m, dict(s)] for k, (m, s) in self.arms.items()},
+                "beam_arms": {k: [m, dict(s)] for k, (m, s) in self.beam_arms.items()}, "beam_scenes": self.beam_scenes,
                 "pvm": self.pvm.to_dict() if self.pvm else None, "timing_scenes": self.timing_scenes,
                 "timing_repeats": self.timing_repeats, "pope_per_image": self.pope_per_image}
 
@@ -79,6 +87,23 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
         arms[name] = result
         speed[name] = _time_per_token(model, processor, timing, build_baseline(method_name, **settings),
                                       exp.timing_repeats) / base_time
+    if exp.beam_arms:
+        n = exp.beam_scenes
+        sub = type(sets)(*(type(x)(x.config, x.scenes[:n], x.images[:n]) for x in (sets.eval, sets.dilution,
+                                                                                    sets.diagnosis)))
+        log(f"evaluating the base on {n} scenes (beside the beam arms)")
+        arms[f"base ({n} scenes)"] = {**evaluate_arm(model, processor, sub, log, decoding_method=True),
+                                      "pope": evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)}
+        for name, (method_name, settings) in exp.beam_arms.items():
+            method = build_baseline(method_name, **settings)
+            log(f"evaluating {name} on {n} scenes")
+            with method.apply(model):
+                result = evaluate_arm(model, processor, sub, log, decoding_method=True)
+                result["pope"] = evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)
+            stats[f"{name} ({n} scenes)"] = method.stats()
+            arms[f"{name} ({n} scenes)"] = result
+            speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, build_baseline(
+                method_name, **settings), exp.timing_repeats) / base_time
     if exp.pvm is not None:
         adapter = sft_adapter(exp.pvm, ctx)  # the PVM experiment's stage-1 adapter (cached when it ran)
         with_pvm, proc = load_checkpoint(model_dir, dtype=None, device="cpu")

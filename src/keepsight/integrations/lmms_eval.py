@@ -20,7 +20,7 @@
   MRS beta 0.01, eta 8, tau0 0.6).
 
 A training-free baseline (``keepsight.baselines``) decodes on top of ``none`` / ``pvm`` / ``bridge``:
-``baseline=vcd|pai|memvr|deco`` with its settings flat (``baseline_alpha=1.0,baseline_beta=0.1``) or as JSON
+``baseline=vcd|pai|memvr|deco|opera`` with its settings flat (``baseline_alpha=1.0,baseline_beta=0.1``) or as JSON
 (``baseline_args={"alpha": 1.0}``); generation only (``loglikelihood`` with a baseline is an error).
 
 Other model arguments: ``dtype`` (``auto``: float32 on CPU, bfloat16 on a GPU that has it, else float16),
@@ -163,7 +163,7 @@ class KeepsightLMM:
             settings = baseline_settings(baseline_args, baseline_flat)
             self._baseline = build_baseline(as_str("baseline", baseline), **settings)
         elif baseline_args is not None or baseline_flat:
-            raise ValueError("baseline settings given without baseline=vcd|pai|memvr|deco")
+            raise ValueError("baseline settings given without baseline=vcd|pai|memvr|deco|opera")
 
     # ------------------------------------------------------------------ setup
 

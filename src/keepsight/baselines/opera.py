@@ -1,0 +1,610 @@
+"""OPERA (Huang et al., CVPR 2024, "OPERA: Alleviating Hallucination in Multi-Modal Large Language Models via
+Over-Trust Penalty and Retrospection-Allocation"), written from the authors' released code: github.com/shikiw/OPERA
+(commit 61426ef), ``transformers-4.29.2/src/transformers/generation/utils.py``, method ``opera_beam_search``
+(lines 3116-3674, "U:" below) and the ``generate`` branch that calls it (U:1619-1665).
+
+OPERA is a beam search (``num_beams`` 5). At every step, for each beam:
+
+1. The ``N = num_attn_candidates`` tokens with the largest raw next-token logits are the candidates (U:3371).
+2. One extra forward per candidate (the candidate appended, U:3382-3411) gives its attention row in the **last**
+   decoder layer, reduced over heads by a **max**. With the rows of the tokens generated so far (kept from earlier
+   steps, reordered with their beams) this is a matrix ``A [rows, keys]``; every row is normalised over all keys
+   (U:3415) and the response block ``A[r:, r:]`` is kept (``r`` = the first generated position, U:3420).
+3. Over-trust score per response column ``j`` (U:3423-3428), with ``s`` the candidate's row:
+   ``phi_j = 1e-7 * prod_{i=j..s} (scale_factor * A[i, j])``, stored in a **float16** buffer as the release does
+   (so it saturates to +inf above 65504 and an inf penalty bans the candidate).
+4. Penalty (U:3440): for the first 10 response tokens ``-sum(A[s, image columns])`` (a bonus for attention on the
+   image), afterwards ``max_j phi_j``. Candidate logits ``-= penalty_weights * penalty`` (U:3449); every other token
+   gets -999 (U:3555-3557). Then ``log_softmax`` + beam scores, top ``2 * num_beams``, and the beam scorer of
+   transformers 4.29.2 (``BeamSearchScorer``, length_penalty 1, early_stopping False: ``_BeamScorer`` below).
+5. Retrospection-allocation (U:3458-3553): the mode over candidates of each beam's argmax column is appended to the
+   beam slot's history; ``loc`` = the mode of those over beams. When in *every* beam slot ``loc`` appears more than
+   ``threshold`` times and ``loc >= 10``, the search rolls back to position ``p = loc + 1`` (``loc`` once ``p`` has
+   been rolled back to ``N`` times, no rollback once both have), restores the beams, scores and scorer of the step
+   that chose token ``p``, rebuilds the KV cache from scratch, and re-chooses token ``p`` from the full-vocabulary
+   logits (shifted so their minimum is -999) with every (parent beam, token) pair chosen there before set to -999.
+
+Where the release has quirks they are kept (each is marked "release:" in the code): the float16 score buffer; the
+history of locations is kept per beam *slot* (never reordered with the beams); the restored beam scorer is the
+stored object itself, so a second rollback to the same position sees hypotheses the first retry added; the first
+10 steps' locations count; loc ties are broken by ``torch.mode``. Deliberate differences: ``penalty_weights = 0``
+skips the penalty instead of computing ``0 * inf = nan`` (the release poisons the beam scores there), and the logits
+are float32 (as transformers 5's beam search; the release's fp16 LLaVA-1.5 ran this arithmetic in fp16). A rollback
+rebuilds the cache as released (one forward over the prompt and the generated ids but the last, then the last),
+except where a generated id equals an image placeholder id: HF's VLMs would read it as an image there, so the
+prompt (with its images) and the generated ids (as text) go in two forwards, equal to the release up to float32
+rounding.
+
+In keepsight the method replaces ``model.generate`` inside ``apply``: the usual Hugging Face call (``input_ids``,
+``attention_mask``, ``pixel_values``, Qwen-VL's ``image_grid_thw`` / ``mm_token_type_ids``, ``max_new_tokens``, ...)
+returns ``[B, P + new]`` ids like HF's decoder-only generate. **The beam count is the config's ``num_beams``,
+whatever the caller passes** (OPERA is a beam search; the paper's 5 by default). Each row runs alone (its left
+padding stripped), so a row's output never depends on its batch. The language model runs with eager attention
+during the search (the release's transformers 4.29.2 LLaMA has nothing else; it also gives the last layer's
+attention probabilities), the original implementation is restored afterwards. ``OPERAConfig.off()`` (penalty 0, no
+rollback, every token a candidate) is plain beam search and simply calls the model's own ``generate(num_beams=...)``;
+``OPERAConfig.efficient()`` is the README's faster setting (threshold 25, one candidate). The 4.29.2 scorer divides a
+finished beam's score by its ``input_ids`` length, prompt included: ``scored_prompt`` says which prompt length that
+is (default: the released LLaVA-1.5 path's, each image one token).
+
+    from keepsight.baselines.opera import OPERA, OPERAConfig
+    opera = OPERA()                        # the paper's settings: 5 beams, N 5, scale 50, threshold 15, weight 1
+    with opera.apply(model):
+        ids = model.generate(**inputs, max_new_tokens=64)
+    print(opera.stats())                   # steps, candidate forwards, rollbacks, ...
+
+``stats()``: ``forwards`` (every model forward OPERA ran), ``rows``, ``acted`` = ``steps`` (beam steps), and
+``candidate_forwards``, ``rollbacks``, ``rollback_forwards`` (the cache rebuilds), ``banned_candidates`` (candidate
+scores an infinite over-trust penalty set to -inf), ``delegated_rows`` (rows the model's own beam search ran, off).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..models.arch import arch_info
+from .base import Baseline, number
+
+WINDOW = 512  # U:3134 ``window_size``: sizes the history buffers; generate() never forwards it (U:1648-1665)
+FIRST = 10  # U:3440 ``cur_response_lens <= 10``: image-attention bonus; U:3460 ``rollback_loc < 10``: no rollback
+FLOOR = -999.0  # U:3543-3552 / U:3556: the floor of rejected and non-candidate tokens
+SCORED_PROMPT = ("llava", "embeds", "full")
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes")
+GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "pad_token_id", "eos_token_id",
+                    "bos_token_id", "generation_config", "use_cache", "output_attentions", "temperature", "top_p",
+                    "top_k", "length_penalty", "early_stopping", "num_return_sequences", "return_dict_in_generate",
+                    "max_length"}
+
+
+@dataclass
+class OPERAConfig:
+    num_beams: int = 5  # beams (README TL;DR and pope_eval.py / chair_eval.py ``--beam 5``; U:1515-1516 needs > 1)
+    scale_factor: float = 50.0  # sigma of the over-trust score (U:1159 generate default; pope_eval.py:73; README: 50)
+    threshold: int | None = 15  # rollback when loc appears > threshold times in every beam (U:1160; pope_eval.py:74;
+    #                              README: 15); None: never roll back
+    num_attn_candidates: int | None = 5  # N, candidates per beam (U:1161; pope_eval.py:75; README: 5); None: all tokens
+    penalty_weights: float = 1.0  # alpha (U:1162; pope_eval.py:76; README: 1)
+    scored_prompt: str = "llava"  # prompt length the 4.29.2 beam scorer's length normalisation counts (it divides a
+    #   finished beam's score by len(input_ids), prompt included): "llava" = the prompt with each image as one token
+    #   (the released LLaVA-1.5 path: input_ids hold one IMAGE_TOKEN_INDEX per image, llava.py:206-210), "embeds" = 1
+    #   (the released inputs_embeds path of MiniGPT-4 / InstructBLIP: one BOS placeholder), "full" = every token
+
+    def __post_init__(self) -> None:
+        self.num_beams = number("num_beams", self.num_beams, low=2, integer=True)
+        self.scale_factor = number("scale_factor", self.scale_factor, low=0.0)
+        if self.threshold is not None:
+            self.threshold = number("threshold", self.threshold, low=0, integer=True)
+        if self.num_attn_candidates is not None:
+            self.num_attn_candidates = number("num_attn_candidates", self.num_attn_candidates, low=1, integer=True)
+        self.penalty_weights = number("penalty_weights", self.penalty_weights, low=0.0)
+        if self.scored_prompt not in SCORED_PROMPT:
+            raise ValueError(f"scored_prompt must be one of {SCORED_PROMPT}, got {self.scored_prompt!r}")
+
+    @classmethod
+    def efficient(cls, **settings) -> OPERAConfig:
+        """The README's "more efficient version" (README.md:76-91): threshold 25, one candidate, the rest as the paper.
+        With one candidate the log-softmax over it is 0 for every beam, so this is greedy decoding on beam 0 plus
+        rollbacks (at most one per position)."""
+        return cls(**{"threshold": 25, "num_attn_candidates": 1, **settings})
+
+    @classmethod
+    def off(cls, **settings) -> OPERAConfig:
+        """No penalty, no rollback, every token a candidate: plain beam search (the model's own generate)."""
+        return cls(**{"penalty_weights": 0.0, "threshold": None, "num_attn_candidates": None, **settings})
+
+    @property
+    def disabled(self) -> bool:
+        return self.penalty_weights == 0 and self.threshold is None and self.num_attn_candidates is None
+
+
+# ----------------------------------------------------------------------------- the beam scorer of transformers 4.29.2
+
+
+class _Hypotheses:
+    """transformers 4.29.2 ``BeamHypotheses`` (generation/beam_search.py:861-936) for one row. ``hyp`` holds the
+    generated ids only; its length for the normalisation is ``prefix + len(hyp)`` (see ``scored_prompt``)."""
+
+    def __init__(self, num_beams: int, length_penalty: float, early_stopping, max_length: int, prefix: int):
+        self.num_beams, self.length_penalty, self.early_stopping = num_beams, length_penalty, early_stopping
+        self.max_length, self.prefix = max_length, prefix
+        self.beams: list[tuple[float, torch.Tensor]] = []
+        self.worst_score = 1e9
+
+    def __len__(self) -> int:
+        return len(self.beams)
+
+    def add(self, hyp: torch.Tensor, sum_logprobs: float) -> None:
+        score = sum_logprobs / ((self.prefix + hyp.shape[-1]) ** self.length_penalty)
+        if len(self) < self.num_beams or score > self.worst_score:
+            self.beams.append((score, hyp))
+            if len(self) > self.num_beams:
+                ranked = sorted([(s, idx) for idx, (s, _) in enumerate(self.beams)])
+                del self.beams[ranked[0][1]]
+                self.worst_score = ranked[1][0]
+            else:
+                self.worst_score = min(score, self.worst_score)
+
+    def is_done(self, best_sum_logprobs: float, cur_len: int) -> bool:
+        if len(self) < self.num_beams:
+            return False
+        if self.early_stopping is True:
+            return True
+        if self.early_stopping is False or self.length_penalty <= 0.0:
+            return self.worst_score >= best_sum_logprobs / cur_len ** self.length_penalty
+        return self.worst_score >= best_sum_logprobs / self.max_length ** self.length_penalty  # "never"
+
+
+class _BeamScorer:
+    """transformers 4.29.2 ``BeamSearchScorer`` (generation/beam_search.py:119-413) for one row (batch size 1, one
+    returned sequence). transformers 5 removed the class; its vectorised beam search normalises by the generated
+    length (eos included) where 4.29.2 divides by the whole ``input_ids`` length (eos excluded)."""
+
+    def __init__(self, num_beams: int, length_penalty: float, early_stopping, max_length: int, prefix: int):
+        self.num_beams = num_beams
+        self.hyps = _Hypotheses(num_beams, length_penalty, early_stopping, max_length, prefix)
+        self.done = False
+
+    def process(self, generated: torch.Tensor, next_scores: torch.Tensor, next_tokens: torch.Tensor,
+                next_indices: torch.Tensor, pad_token_id: int, eos: list[int]):
+        """``generated`` [K, t]: the beams' generated ids; ``next_*`` [2K]: the top continuations, best first.
+        Returns the next beams' (scores, tokens, parent indices), each [K] (beam_search.py:208-297)."""
+        k = self.num_beams
+        cur_len = self.hyps.prefix + generated.shape[-1] + 1
+        scores = torch.zeros(k, dtype=next_scores.dtype)
+        tokens = torch.zeros(k, dtype=next_tokens.dtype)
+        indices = torch.zeros(k, dtype=next_indices.dtype)
+        if self.done:
+            return scores, tokens.fill_(pad_token_id), indices
+        beam = 0
+        for rank, (token, score, index) in enumerate(zip(next_tokens, next_scores, next_indices)):
+            if int(token) in eos:
+                if rank >= k:  # an eos below the top num_beams is not a hypothesis
+                    continue
+                self.hyps.add(generated[index].clone(), score.item())
+            else:
+                scores[beam], tokens[beam], indices[beam] = score, token, index
+                beam += 1
+            if beam == k:
+                break
+        if beam < k:
+            raise ValueError(f"At most {k} tokens in {next_tokens} can be equal to eos_token_id {eos}")
+        self.done = self.done or self.hyps.is_done(next_scores.max().item(), cur_len)
+        return scores, tokens, indices
+
+    def finalize(self, generated: torch.Tensor, beam_scores: torch.Tensor, max_new_tokens: int, eos: list[int]):
+        """The best hypothesis's generated ids (an eos appended when it ended early) and its score
+        (beam_search.py:299-374)."""
+        if not self.done:
+            for b in range(self.num_beams):
+                self.hyps.add(generated[b], beam_scores[b].item())
+        score, best = sorted(self.hyps.beams, key=lambda x: x[0]).pop()
+        if best.shape[-1] < max_new_tokens and eos:  # sent_max_len = min(len + 1, max_length)
+            best = torch.cat([best, best.new_tensor([eos[0]])])
+        return best, torch.tensor(score, dtype=torch.float32).item()  # 4.29.2 keeps best_scores in float32
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+class _Row:
+    """One prompt (no padding) and its image inputs; builds the forward arguments of ``K`` copies of a sequence that
+    starts with the prompt."""
+
+    def __init__(self, model, inputs: dict, image_token_id: int):
+        self.model = model
+        self.ids = inputs["input_ids"]  # [1, P]
+        self.mm = inputs.get("mm_token_type_ids")  # [1, P] (Qwen-VL) or None
+        self.images = {k: inputs[k] for k in IMAGE_KEYS if inputs.get(k) is not None}
+        pos = (self.ids[0] == image_token_id).nonzero().flatten()
+        if pos.numel() == 0:
+            raise ValueError(f"OPERA needs image tokens (id {image_token_id}) in every prompt: its penalty reads the "
+                             "attention on the image")
+        # U:3432 sums image_start .. image_end inclusive (key_position, llava.py:206-210): first to last image token
+        self.image_start, self.image_end = int(pos[0]), int(pos[-1])
+        self.length = self.ids.shape[1]
+        self.n_images = int((self.images["image_grid_thw"].shape[0] if "image_grid_thw" in self.images
+                             else self.images["pixel_values"].shape[0]) if self.images else 0)
+        self.n_image_tokens = int(pos.numel())
+
+    def scored_prefix(self, how: str) -> int:
+        if how == "embeds":
+            return 1
+        if how == "full":
+            return self.length
+        return self.length - self.n_image_tokens + self.n_images  # "llava": each image one token
+
+    def prefill_kwargs(self, ids: torch.Tensor) -> dict:
+        """Forward arguments for ``ids`` [K, L] (L >= P, the prompt first) from an empty cache."""
+        k = ids.shape[0]
+        kw = {"input_ids": ids}
+        for key, value in self.images.items():
+            kw[key] = value.repeat(k, *([1] * (value.dim() - 1)))  # each copy's images in order, as HF's expansion
+        if self.mm is not None:
+            mm = torch.zeros(k, ids.shape[1], dtype=self.mm.dtype, device=self.mm.device)
+            mm[:, : self.length] = self.mm
+            kw["mm_token_type_ids"] = mm
+        return kw
+
+
+class _AttentionTap:
+    """Eager attention in the language model (the original implementation restored on exit) and the last decoder
+    layer's attention probabilities of the latest forward (``self.probs`` [K, H, q, kv])."""
+
+    def __init__(self, model):
+        info = arch_info(model)
+        self.config = info.language_model.config
+        self.attn = info.layers[-1].self_attn
+        self.probs = None
+
+    def __enter__(self):
+        self.saved = self.config._attn_implementation
+        self.config._attn_implementation = "eager"
+        self.handle = self.attn.register_forward_hook(self._hook)
+        return self
+
+    def _hook(self, module, args, output):
+        self.probs = output[1]
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        self.config._attn_implementation = self.saved
+
+
+def _replay(rows: list, k: int, prompt: int, dtype, device) -> torch.Tensor:
+    """The response rows of the release's ``attn_previous`` after the logged steps: each step pads a zero key column,
+    reorders the rows with the beams and appends the fed token's row (U:3348-3357). [K, 1, t, P + t]."""
+    out = torch.zeros(k, 1, 0, prompt, dtype=dtype, device=device)
+    for beam_idx, row in rows:
+        out = torch.cat([out, torch.zeros_like(out).sum(-1, keepdim=True)], -1)[beam_idx]
+        out = torch.cat([out, row], -2)
+    return out
+
+
+@torch.no_grad()
+def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERAConfig | None = None, *,
+                      eos_token_id: list[int] | int | None = None, pad_token_id: int | None = None,
+                      min_new_tokens: int = 0, length_penalty: float = 1.0, early_stopping=False,
+                      stats: dict | None = None, trace: list | None = None) -> tuple[torch.Tensor, float]:
+    """OPERA's beam search on one prompt (``inputs``: ``input_ids`` [1, P] without padding, the image inputs,
+    ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new] (an eos appended when the best beam ended
+    early, as 4.29.2's ``finalize``) and the best beam's normalised score. ``stats`` (a dict of counters) and
+    ``trace`` (a list: one dict per beam step) are filled when given."""
+    cfg = config or OPERAConfig()
+    info = arch_info(model)
+    row = _Row(model, inputs, info.image_token_id)
+    if isinstance(eos_token_id, int):
+        eos_token_id = [eos_token_id]
+    eos = list(eos_token_id or [])
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    k, P = cfg.num_beams, row.length
+    device = row.ids.device
+    visual_ids = torch.tensor(info.visual_token_ids or (info.image_token_id,), device=device)
+    dtype = info.lm_head.weight.dtype  # the language model's: its attention probabilities come in it
+    prefix = row.scored_prefix(cfg.scored_prompt)
+    st = stats if stats is not None else {}
+    for key in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards", "banned_candidates"):
+        st.setdefault(key, 0)
+    holder = getattr(model, "model", None)
+    saved_deltas = getattr(holder, "rope_deltas", None)  # Qwen-VL caches its M-RoPE offsets on the model
+
+    with _AttentionTap(model) as tap:
+
+        def forward(kw: dict, cache) -> torch.Tensor:
+            st["forwards"] += 1
+            out = model(**kw, cache=cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1, :].float()  # [K, V]
+
+        def head_max() -> torch.Tensor:  # the latest forward's last-layer attention, max over heads: [K, 1, q, kv]
+            return tap.probs.max(1, keepdim=True).values
+
+        def prefill(ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+            cache = DynamicCache(config=model.config)
+            return forward(row.prefill_kwargs(ids), cache), cache
+
+        try:
+            ids = row.ids.expand(k, P).clone()  # [K, P + t] the running beams (U:1645 expands the prompt)
+            scorer = _BeamScorer(k, length_penalty, early_stopping, prefix + max_new_tokens, prefix)
+            beam_scores = torch.zeros(k, device=device)  # U:3300-3302: beam 0 live, the others at -1e9
+            beam_scores[1:] = -1e9
+            history_states: list[dict] = []  # U:3306-3313
+            history_locs: list[torch.Tensor] = []
+            beam_next_tokens = beam_idx = None
+            max_rollback_time = torch.zeros(WINDOW)
+            reject_gather: list = [[] for _ in range(WINDOW)]
+            rows_log: list = []  # (beam_idx, fed token's attention row) per step t >= 1: replays attn_previous
+            attn_prev = torch.zeros(k, 1, 0, P, dtype=dtype, device=device)  # response rows of attn_previous
+            cache = None
+            n_cand = cfg.num_attn_candidates
+            t = 0  # generated tokens (the release's cur_len minus its prompt)
+            while True:
+                state = {"ids": ids.clone(), "scorer": copy.deepcopy(scorer), "t": t}  # U:3330-3334
+                if cache is None:  # the first step: the whole prompt
+                    logits, cache = prefill(ids)
+                else:  # U:3348-3357: pad a zero key column, reorder rows with the beams, append the fed token's row
+                    logits = forward({"input_ids": ids[:, -1:]}, cache)
+                    new_row = head_max()
+                    attn_prev = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
+                    attn_prev = torch.cat([attn_prev[beam_idx], new_row], -2)
+                    rows_log.append((beam_idx, new_row))
+                vocab = logits.shape[-1]
+                n = vocab if n_cand is None else n_cand
+                if n > vocab:
+                    raise ValueError(f"num_attn_candidates {n} exceeds the vocabulary ({vocab} tokens)")
+                # U:3371: candidates = top-N raw logits per beam, [K, N]
+                cand_scores, cand_tokens = torch.topk(logits, n, dim=-1, largest=True, sorted=True)
+                state.update(candidate_tokens=cand_tokens.clone(), beam_scores=beam_scores.clone(),
+                             beam_next_tokens=None if beam_next_tokens is None else beam_next_tokens.clone(),
+                             beam_idx=None if beam_idx is None else beam_idx.clone())
+
+                # U:3382-3411: one forward per candidate on the step's cache; its last-layer row (max over heads)
+                padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
+                attn_last = []
+                for c in range(n):
+                    forward({"input_ids": cand_tokens[:, c: c + 1]}, cache)
+                    cache.crop(-1)  # the release's cache is a tuple the candidate forward never extends
+                    attn_last.append(torch.cat([padded, head_max()], -2))  # [K, 1, t + 1, P + t + 1]
+                st["candidate_forwards"] += n
+                attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
+                attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
+                attn_local = attn_last[..., P:]  # U:3420: the response block [r:, r:], [K, N, t + 1, t + 1]
+                attn_local = cfg.scale_factor * attn_local  # U:3423
+                # U:3424-3428 (release: a float16 buffer; phi saturates to inf above 65504)
+                local_scores = torch.zeros(attn_local.shape[:2] + attn_local.shape[-1:], dtype=torch.float16,
+                                           device=device)  # [K, N, t + 1]
+                for j in range(attn_local.shape[-1]):
+                    local_scores[..., j] = (1e-7 * attn_local[..., j:, j].prod(-1)).to(torch.float32)
+                cur_response_lens = attn_local.shape[-1]  # t + 1
+                attn_i = attn_last[:, :, -1, row.image_start: row.image_end + 1].sum(-1)  # U:3432 [K, N]
+                rollback_scores, rollback_locs = local_scores.max(-1)  # U:3436 [K, N]
+                rollback_loc = rollback_locs.mode().values.mode().values  # U:3437-3438: mode over N, then beams
+                penalty = -attn_i if cur_response_lens <= FIRST else rollback_scores  # U:3440
+                history_locs.append(rollback_locs.mode().values[:, None])  # U:3443-3447 (release: per beam slot)
+                gathers = torch.cat(history_locs, -1)  # [K, steps]
+                if cfg.penalty_weights != 0:  # U:3449 (weight 0: no term; the release computes 0 * inf = nan)
+                    cand_scores -= cfg.penalty_weights * penalty
+                st["banned_candidates"] += int(torch.isneginf(cand_scores).sum())
+                state["candidate_token_scores"] = cand_scores.clone()
+                if len(history_states) >= WINDOW:  # U:3453-3455
+                    history_states.pop(0)
+                history_states.append(state)
+
+                next_logits = None
+                if (cfg.threshold is not None and all(int((g == rollback_loc).long().sum()) > cfg.threshold
+                                                      for g in gathers) and int(rollback_loc) >= FIRST):  # U:3459-3460
+                    p = int(rollback_loc) + 1  # U:3463-3472: the token after loc, else loc, each at most N times
+                    ok = p < WINDOW  # release: max_rollback_time[p] raises IndexError (caught: no rollback)
+                    if ok and max_rollback_time[p] >= n:
+                        p -= 1
+                        ok = bool(max_rollback_time[p] < n)
+                    if ok:
+                        max_rollback_time[p] += 1
+                        if cur_response_lens - p > WINDOW + 1:  # U:3473-3474
+                            p = max(1, cur_response_lens - WINDOW - 1)
+                        for j in range(cur_response_lens - p - 2):  # U:3478-3481 (release: clears the list's tail)
+                            history_states.pop(-1)
+                            history_locs.pop(-1)
+                            reject_gather[-(j + 1)] = []
+                        back, after = history_states[-2], history_states[-1]  # U:3484-3495
+                        ids, scorer, t = back["ids"], back["scorer"], back["t"]  # release: the stored scorer itself
+                        rows_log = rows_log[: t]
+                        attn_prev = _replay(rows_log, k, P, dtype, device)
+                        cand_scores, cand_tokens = back["candidate_token_scores"], back["candidate_tokens"]
+                        beam_scores = back["beam_scores"]
+                        beam_next_tokens, beam_idx = after["beam_next_tokens"], after["beam_idx"]
+                        # U:3497-3535: the cache rebuilt from scratch (all but the last token, then the last)
+                        before = st["forwards"]
+                        if bool(torch.isin(ids[:, P:-1], visual_ids).any()):
+                            # a generated id equal to an image placeholder is a text token (the release embeds the
+                            # generated ids; HF's processors would read it as an image): the prompt, then the rest
+                            _, cache = prefill(ids[:, :P])
+                            if ids.shape[1] - 1 > P:
+                                forward({"input_ids": ids[:, P:-1]}, cache)
+                        else:
+                            _, cache = prefill(ids[:, :-1])
+                        logits = forward({"input_ids": ids[:, -1:]}, cache)
+                        st["rollbacks"] += 1
+                        st["rollback_forwards"] += st["forwards"] - before
+                        history_states.pop(-1)  # U:3537-3541
+                        history_locs.pop(-1)
+                        if p + 1 < WINDOW:  # release: reject_token_pos_gather[512] raises (caught: the except path)
+                            reject_gather[p + 1] = []
+                            # U:3543-3552: full-vocab logits, min shifted to -999, earlier choices at p set to -999
+                            next_logits = logits - (999.0 + logits.min(-1, keepdim=True).values)
+                            flat = next_logits.reshape(1, k * vocab)
+                            reject = (beam_idx * vocab + beam_next_tokens).view(1, k)
+                            if len(reject_gather[p]) > 0:
+                                reject = torch.cat([reject_gather[p], reject], -1)
+                            reject_gather[p] = reject
+                            next_logits = flat.scatter(-1, reject, FLOOR).view(k, vocab)
+                if next_logits is None:  # U:3555-3557: only the (penalised) candidates, -999 elsewhere
+                    next_logits = torch.full_like(logits, FLOOR).scatter(-1, cand_tokens, cand_scores)
+
+                # U:3561-3625: the 4.29.2 beam step
+                scores = torch.log_softmax(next_logits, dim=-1)  # [K, V]
+                if t < min_new_tokens and eos:  # MinNewTokensLengthLogitsProcessor (4.29.2 applies it here)
+                    scores[:, eos] = -float("inf")
+                scores = scores + beam_scores[:, None]
+                top_scores, top = torch.topk(scores.view(1, k * vocab), 2 * k, dim=1, largest=True, sorted=True)
+                next_indices = torch.div(top, vocab, rounding_mode="floor")[0]
+                next_tokens = (top % vocab)[0]
+                beam_scores, beam_next_tokens, beam_idx = scorer.process(ids[:, P:], top_scores[0].cpu(),
+                                                                         next_tokens.cpu(), next_indices.cpu(), pad,
+                                                                         eos)
+                beam_scores = beam_scores.to(device)
+                beam_next_tokens, beam_idx = beam_next_tokens.to(device), beam_idx.to(device)
+                ids = torch.cat([ids[beam_idx], beam_next_tokens[:, None]], -1)
+                cache.reorder_cache(beam_idx)
+                st["steps"] += 1
+                if trace is not None:
+                    trace.append({"t": t, "tokens": beam_next_tokens.tolist(), "beams": beam_idx.tolist(),
+                                  "scores": beam_scores.tolist(), "loc": int(rollback_loc)})
+                t += 1
+                if scorer.done or t >= max_new_tokens:
+                    break
+            best, score = scorer.finalize(ids[:, P:], beam_scores.cpu(), max_new_tokens, eos)
+            return best.to(device), score
+        finally:
+            if holder is not None and hasattr(holder, "rope_deltas"):
+                holder.rope_deltas = saved_deltas
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def _split_rows(model, kwargs: dict, image_token_id: int) -> list[dict]:
+    """Each row's inputs without its padding: ``input_ids`` / ``mm_token_type_ids`` where ``attention_mask`` is 1,
+    and the row's own images (consumed in order: a row holds as many images as its image tokens need)."""
+    ids = kwargs["input_ids"]
+    mask = kwargs.get("attention_mask")
+    mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    counts = (ids == image_token_id).masked_fill(~mask, False).sum(1).tolist()  # image tokens per row
+    grid = kwargs.get("image_grid_thw")
+    pixels = kwargs.get("pixel_values")
+    sizes = kwargs.get("image_sizes")
+    if grid is not None:  # Qwen-VL: image i has prod(grid_i) patch rows and prod(grid_i) / merge^2 tokens
+        merge = getattr(model.config.vision_config, "spatial_merge_size", 2)
+        patches = [int(g.prod()) for g in grid]
+        per_image = [n // merge ** 2 for n in patches]
+    elif pixels is not None:  # LLaVA: every image gives the same number of tokens
+        total = sum(counts)
+        if total % pixels.shape[0]:
+            raise ValueError(f"{total} image tokens do not split over {pixels.shape[0]} images")
+        per_image = [total // pixels.shape[0]] * pixels.shape[0]
+        patches = [1] * pixels.shape[0]
+    else:
+        per_image, patches = [], []
+    rows, img, patch = [], 0, 0
+    for b, need in enumerate(counts):
+        first_img, first_patch = img, patch
+        while need > 0:
+            if img >= len(per_image):
+                raise ValueError(f"row {b}: more image tokens than the images given")
+            need -= per_image[img]
+            patch += patches[img]
+            img += 1
+        if need != 0:
+            raise ValueError(f"row {b}: its image tokens do not match whole images")
+        keep = mask[b]
+        row = {"input_ids": ids[b][keep][None]}
+        if kwargs.get("mm_token_type_ids") is not None:
+            row["mm_token_type_ids"] = kwargs["mm_token_type_ids"][b][keep][None]
+        if pixels is not None:
+            row["pixel_values"] = pixels[first_patch:patch]
+        if grid is not None:
+            row["image_grid_thw"] = grid[first_img:img]
+        if sizes is not None:
+            row["image_sizes"] = sizes[first_img:img]
+        rows.append(row)
+    if img != len(per_image):
+        raise ValueError(f"{len(per_image)} images given but the prompts hold image tokens for {img}")
+    return rows
+
+
+class OPERA(Baseline):
+    name = "opera"
+
+    def __init__(self, config: OPERAConfig | None = None, **settings):
+        super().__init__(config or OPERAConfig(**settings))
+
+    def _install(self, model, stack) -> None:
+        cfg = self.config
+        info = arch_info(model)
+        original = model.generate  # the class's bound method
+        self._stats.compares_logits = False  # OPERA re-ranks beams: there is no single "logits before" per step
+        counters = {"steps": 0, "candidate_forwards": 0, "rollbacks": 0, "rollback_forwards": 0,
+                    "banned_candidates": 0, "delegated_rows": 0}
+        self._stats.extra.update(counters)
+
+        @functools.wraps(original)
+        def generate(*args, **kwargs):
+            if args:
+                if len(args) > 1 or "input_ids" in kwargs or "inputs" in kwargs:
+                    raise ValueError("OPERA's generate takes the inputs as keyword arguments (input_ids=...)")
+                kwargs["input_ids"] = args[0]
+            if "inputs" in kwargs:
+                kwargs["input_ids"] = kwargs.pop("inputs")
+            if kwargs.get("input_ids") is None:
+                raise ValueError("OPERA's generate needs input_ids")
+            opts = {k: kwargs.pop(k) for k in list(kwargs) if k in GENERATE_OPTIONS}
+            if cfg.disabled:  # plain beam search: the model's own
+                self._stats.rows += kwargs["input_ids"].shape[0]
+                self._stats.extra["delegated_rows"] += kwargs["input_ids"].shape[0]
+                return original(**kwargs, **{**opts, "num_beams": cfg.num_beams, "do_sample": False})
+            return self._generate(model, info, kwargs, opts)
+
+        model.generate = generate  # an instance attribute: the class's method comes back on exit
+        stack.callback(lambda: model.__dict__.pop("generate", None))
+
+    def _generate(self, model, info, kwargs: dict, opts: dict) -> torch.Tensor:
+        unknown = sorted(k for k in kwargs if k not in ("input_ids", "attention_mask", "mm_token_type_ids",
+                                                        *IMAGE_KEYS))
+        if unknown:
+            raise ValueError(f"OPERA's generate does not take {unknown}")
+        gc = copy.deepcopy(opts.pop("generation_config", None) or model.generation_config)
+        for key in ("max_new_tokens", "min_new_tokens", "pad_token_id", "eos_token_id", "length_penalty",
+                    "early_stopping", "num_return_sequences", "return_dict_in_generate", "do_sample", "max_length"):
+            if key in opts and opts[key] is not None:
+                setattr(gc, key, opts[key])
+        if gc.do_sample:
+            raise ValueError("OPERA is a beam search: do_sample must be False")
+        if (gc.num_return_sequences or 1) != 1 or gc.return_dict_in_generate:
+            raise ValueError("OPERA's generate returns one sequence per row as a tensor (num_return_sequences=1, "
+                             "return_dict_in_generate=False)")
+        ids = kwargs["input_ids"]
+        if gc.max_new_tokens is not None:
+            max_new = int(gc.max_new_tokens)
+        else:
+            max_new = int(gc.max_length) - ids.shape[1]  # HF: max_length counts the (padded) prompt
+        if max_new < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new}")
+        eos = gc.eos_token_id
+        eos = [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+        pad = gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if eos else 0)
+        counters = {k: 0 for k in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards",
+                                   "banned_candidates")}
+        outs = []
+        for row in _split_rows(model, kwargs, info.image_token_id):
+            new, _ = opera_beam_search(model, row, max_new, self.config, eos_token_id=eos, pad_token_id=pad,
+                                       min_new_tokens=int(gc.min_new_tokens or 0),
+                                       length_penalty=1.0 if gc.length_penalty is None else float(gc.length_penalty),
+                                       early_stopping=gc.early_stopping or False, stats=counters)
+            outs.append(new)
+        self._stats.rows += len(outs)
+        self._stats.forwards += counters.pop("forwards")
+        self._stats.acted += counters["steps"]
+        for key, value in counters.items():
+            self._stats.extra[key] += value
+        width = max(o.shape[0] for o in outs)
+        out = torch.full((ids.shape[0], ids.shape[1] + width), pad, dtype=ids.dtype, device=ids.device)
+        out[:, : ids.shape[1]] = ids
+        for b, new in enumerate(outs):
+            out[b, ids.shape[1]: ids.shape[1] + new.shape[0]] = new
+        return out
+
+
+__all__ = ["OPERA", "OPERAConfig", "opera_beam_search"]
