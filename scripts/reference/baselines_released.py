@@ -39,7 +39,6 @@ missing).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import inspect
 import json
 import os
@@ -49,6 +48,9 @@ import sys
 import tempfile
 import types
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "baselines"
@@ -105,16 +107,6 @@ def keepsight_inputs():
     image = render(generate(cfg, WORLD_INDEX + 1, seed=WORLD_SEED)[WORLD_INDEX], cfg.noise_std)
     text = chat_example(proc, DESCRIBE_PROMPT)
     return text, proc(text=[text], images=[image], return_tensors="pt")
-
-
-def state_digest(state: dict) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def original_layout(state: dict) -> dict:

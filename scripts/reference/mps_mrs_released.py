@@ -25,7 +25,6 @@ Everything is fp32 with eager attention on the CPU; rerunning on the same machin
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -35,6 +34,9 @@ import sys
 import tempfile
 import types
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "mps_mrs"
@@ -83,16 +85,6 @@ def prompt_ids():
 
     g = torch.Generator().manual_seed(SEED + 1)
     return torch.randint(100, 126000, (1, P), generator=g)  # ordinary ids, none of the special rows 126080 ..
-
-
-def state_digest(state: dict) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def setup(work: Path) -> dict:

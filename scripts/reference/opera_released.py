@@ -40,7 +40,6 @@ beam's score (``finalize``). Everything is fp32 with eager attention on the CPU;
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -48,6 +47,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "opera"
@@ -155,16 +157,6 @@ def key_position(model, input_ids) -> dict:
     """The release's key_position (llava.py:206-210): first and last image token (inclusive), response start."""
     pos = (input_ids[0] == model.config.image_token_id).nonzero().flatten()
     return {"image_start": int(pos[0]), "image_end": int(pos[-1]), "response_start": int(input_ids.shape[1])}
-
-
-def state_digest(state: dict) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def setup(work: Path) -> dict:
