@@ -444,12 +444,12 @@ def test_the_commands_take_a_baseline(tmp_path, capsys):
 
 def test_eval_generate_names_bad_baseline_settings_before_loading(tmp_path, capsys, monkeypatch):
     from keepsight.cli import main
-    from keepsight.integrations import lmms_eval
+    from keepsight.inference import pipeline
 
     def no_load(*a, **k):  # a bad setting must be named before the (possibly minutes long) model load
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(lmms_eval.KeepsightLMM, "__init__", no_load)
+    monkeypatch.setattr(pipeline.Pipeline, "_load", no_load)
     assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2", "--seed", "1"]) == 0
     capsys.readouterr()
     assert main(["eval", "generate", "--model", str(tmp_path / "nowhere"), "--data", str(tmp_path / "w"), "--out",

@@ -15,7 +15,7 @@ LAYERS = {
     "pvm": 2,  # the loader builds a checkpoint in the released PVM layout (its blocks attached)
     "diffusion": 3, "baselines": 3,
     "data": 4, "train": 4,
-    "world": 5,
+    "world": 5, "inference": 5,
     "experiments": 6, "bench": 6, "integrations": 6, "report": 6,
     "demo": 7, "commands": 7,
     "cli": 8,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..baselines import build_baseline
 from ..data import chat_example, padding_side
+from ..inference import build_method
 from ..world import generate as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_model, preset_processor
@@ -63,7 +63,7 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
 
         _generate(model, enc, kw)  # warm-up
         for name, (settings, design, extra) in METHODS.items():
-            method = build_baseline(name.split(" ")[0], **settings)
+            method = build_method(name.split(" ")[0], **settings)
             k_arm = {**kw, **extra}
             _generate(model, enc, k_arm, method)
             ta, tb = [], []

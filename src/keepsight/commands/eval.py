@@ -8,7 +8,7 @@
 
 ``generate`` writes one ``{"id", "prompt", "answer", "reference", "category"}`` per row of ``--data`` (any source
 of ``keepsight.data.open_dataset``, or a world directory: its yes/no questions of every category), batched, by
-the method's decoding (``keepsight.integrations.lmms_eval.KeepsightLMM``, the same code lmms-eval runs);
+the method's decoding (``keepsight.inference.Pipeline``, the same code lmms-eval runs);
 ``score`` scores such a file overall and per category with 95% Wilson intervals. ``pope`` builds POPE's
 questions from local COCO instance annotations (``keepsight.metrics.pope``: random / popular / adversarial
 negatives, seeded) or reads POPE's published question files (``--questions``), answers them with the model
@@ -32,9 +32,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..atomic import check_output_dir, check_output_file, mark, write_json, write_text
-from ..baselines import BASELINES, build_baseline
 from ..data import Sample, open_dataset, open_image, preflight
-from ..integrations.lmms_eval import KeepsightLMM
+from ..inference import Pipeline, method_names
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 from ..metrics.pope import (
@@ -81,7 +80,7 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
-    g.add_argument("--baseline", choices=sorted(BASELINES), help="a training-free decoding baseline "
+    g.add_argument("--baseline", choices=method_names("decode", "autoregressive"), help="a training-free decoding baseline "
                    "(keepsight.baselines) on top of the model (and --pvm / --bridge)")
     g.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     g.add_argument("--mps", nargs="?", const="{}", help='diffusion: Mask Prior Suppression, optional JSON settings '
@@ -98,21 +97,19 @@ def method_args(g, required_model: bool = True) -> None:
     g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
 
 
-def load_method(args) -> KeepsightLMM:
-    """The model with its method, through the lmms-eval model (the same loading and decoding lmms-eval runs)."""
+def load_method(args) -> Pipeline:
+    """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
     if (args.mps or args.mrs or args.steps or args.block_length) and not args.diffusion:
         raise ValueError("--mps, --mrs, --steps and --block-length are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     if args.baseline_args and not args.baseline:
         raise ValueError("--baseline-args needs --baseline")
     baseline_args = json_settings("--baseline-args", args.baseline_args) or None
-    if args.baseline:  # the settings' own ranges, before minutes of loading (layers are checked on the model)
-        build_baseline(args.baseline, **(baseline_args or {}))
-    return KeepsightLMM(pretrained=args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
-                        mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
-                        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                        block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
-                        baseline=args.baseline, baseline_args=baseline_args)
+    return Pipeline(args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
+                    mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
+                    max_new_tokens=args.max_new_tokens, steps=args.steps, block_length=args.block_length,
+                    seed=args.seed, system_prompt=args.system_prompt, baseline=args.baseline,
+                    baseline_args=baseline_args)
 
 
 def generate_parser(ev_sub) -> None:
@@ -134,11 +131,11 @@ def score_parser(ev_sub) -> None:
     sc.set_defaults(func=run_score)
 
 
-def _settings(name: str, text: str | None) -> dict | bool | None:
-    """--mps / --mrs: None when absent, True (the paper's settings) when given bare, else the JSON's settings."""
+def _settings(name: str, text: str | None) -> dict | None:
+    """--mps / --mrs: None when absent, {} (the released defaults) when given bare, else the JSON's settings."""
     if text is None:
         return None
-    return json_settings(f"--{name}", text) or True
+    return json_settings(f"--{name}", text)
 
 
 def eval_dataset(args):

@@ -6,8 +6,8 @@ import contextlib
 import dataclasses
 
 from ..atomic import check_output_dir, check_output_file, write_json
-from ..baselines import BASELINES, build_baseline
 from ..determinism import DEFAULT_THREADS, configure
+from ..inference import build_method, method_names
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
-    e.add_argument("--baseline", choices=sorted(BASELINES), help="a training-free decoding baseline (keepsight."
+    e.add_argument("--baseline", choices=method_names("decode", "autoregressive"), help="a training-free decoding baseline (keepsight."
                    "baselines); combines with --pvm or --lora")
     e.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     e.add_argument("--out", help="write the scores as JSON here")
@@ -136,7 +136,7 @@ def run_eval(args) -> int:
         model = apply_lora(model, args.lora)
     if args.baseline_args and not args.baseline:
         raise ValueError("--baseline-args needs --baseline")
-    method = build_baseline(args.baseline, **json_settings("--baseline-args", args.baseline_args)) \
+    method = build_method(args.baseline, **json_settings("--baseline-args", args.baseline_args)) \
         if args.baseline else None
     with method.apply(model) if method is not None else contextlib.nullcontext():
         yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..baselines import build_baseline
+from ..inference import build_method
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..world.evaluate import generate_answers
@@ -78,14 +78,14 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
     speed = {"base": 1.0}
     stats = {}
     for name, (method_name, settings) in exp.arms.items():
-        method = build_baseline(method_name, **settings)
+        method = build_method(method_name, **settings)
         log(f"evaluating {name}")
         with method.apply(model):
             result = evaluate_arm(model, processor, sets, log, decoding_method=True)
             result["pope"] = evaluate_world_pope(model, processor, sets.eval, exp.pope_per_image)
         stats[name] = method.stats()
         arms[name] = result
-        speed[name] = _time_per_token(model, processor, timing, build_baseline(method_name, **settings),
+        speed[name] = _time_per_token(model, processor, timing, build_method(method_name, **settings),
                                       exp.timing_repeats) / base_time
     if exp.beam_arms:
         n = exp.beam_scenes
@@ -95,14 +95,14 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
         arms[f"base ({n} scenes)"] = {**evaluate_arm(model, processor, sub, log, decoding_method=True),
                                       "pope": evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)}
         for name, (method_name, settings) in exp.beam_arms.items():
-            method = build_baseline(method_name, **settings)
+            method = build_method(method_name, **settings)
             log(f"evaluating {name} on {n} scenes")
             with method.apply(model):
                 result = evaluate_arm(model, processor, sub, log, decoding_method=True)
                 result["pope"] = evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)
             stats[f"{name} ({n} scenes)"] = method.stats()
             arms[f"{name} ({n} scenes)"] = result
-            speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, build_baseline(
+            speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, build_method(
                 method_name, **settings), exp.timing_repeats) / base_time
     if exp.pvm is not None:
         adapter = sft_adapter(exp.pvm, ctx)  # the PVM experiment's stage-1 adapter (cached when it ran)

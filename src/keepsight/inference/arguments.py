@@ -1,4 +1,5 @@
-"""Model arguments of keepsight's lmms-eval model, converted with errors that name the argument.
+"""Arguments as users give them (typed, or strings: lmms-eval's ``--model_args``, gen_kwargs), converted with
+errors that name the argument.
 
 lmms-eval turns "true"/"false" into bools and numbers into int/float; called directly, values may be any
 of those or the raw strings. ``fix_settings`` reads MPS / MRS settings given as ``true``, a JSON object or
@@ -152,3 +153,31 @@ def baseline_settings(as_json, flat: dict) -> dict:
         settings.update(value)
     settings.update({k: _scalar(v) for k, v in flat.items()})
     return settings
+
+
+def decoding_settings(gen_kwargs, max_new_tokens: int) -> dict:
+    """Decoding settings from lmms-eval-style ``gen_kwargs``: ``until`` (a list), ``do_sample``, ``max_new_tokens``
+    (``max_new_tokens`` when not given), ``temperature``, ``num_beams`` and, when given, ``top_p`` / ``top_k``.
+    Greedy unless ``temperature > 0`` or ``do_sample``."""
+    gk = dict(gen_kwargs or {})
+    until = gk.get("until")
+    if until is None:
+        until = []
+    elif isinstance(until, str):
+        until = [until]
+    elif not isinstance(until, (list, tuple)) or not all(isinstance(u, str) for u in until):
+        raise ValueError(f"gen_kwargs until must be a string or a list of strings, got {until!r}")
+    temperature = gk.get("temperature")
+    temperature = None if temperature is None else as_float("temperature", temperature, 0.0)
+    do_sample = as_bool("do_sample", gk.get("do_sample", False))
+    if temperature is not None:
+        do_sample = temperature > 0
+    s = {"until": [u for u in until if u], "do_sample": do_sample,
+         "max_new_tokens": as_int("max_new_tokens", gk.get("max_new_tokens") or max_new_tokens, 1),
+         "temperature": temperature if temperature is not None else (1.0 if do_sample else 0.0),
+         "num_beams": as_int("num_beams", gk.get("num_beams") or 1, 1)}
+    if gk.get("top_p") is not None:
+        s["top_p"] = as_float("top_p", gk["top_p"], 0.0)
+    if gk.get("top_k") is not None:
+        s["top_k"] = as_int("top_k", gk["top_k"], 0)
+    return s

@@ -1,0 +1,357 @@
+"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model, the
+experiments and the benchmarks.
+
+    from keepsight.inference import Pipeline
+    pipe = Pipeline("runs/full/base", baseline="vcd")             # any supported checkpoint directory
+    out = pipe.generate(["What is in the image?"], [image], max_new_tokens=32)
+    out.texts, out.stats                                           # the answers; how often VCD acted
+
+``method`` names how the model is set up (a ``"load"`` entry of ``keepsight.inference.METHODS``: ``none``,
+``pvm`` with ``pvm=<adapter dir>``, ``bridge``, ``diffusion``); ``baseline`` (autoregressive) or ``mps`` /
+``mrs`` (diffusion) name the decoding methods applied around each batch, with their settings as dicts of
+their config's fields. Greedy decoding unless ``do_sample`` / ``temperature > 0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..data import padding_side
+from ..diffusion import generate as diffusion_generate
+from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from ..models.llada_official import shipped_decoding
+from ..pvm import load_pvm
+from .arguments import decoding_settings
+from .registry import get_method, method_names
+
+
+@dataclass
+class Generation:
+    """Answers to one batch and what each decoding method reported (``stats()`` by method name)."""
+
+    texts: list[str]
+    stats: dict = field(default_factory=dict)
+
+
+def _user_turn(context: str, n_images: int, system_prompt: str | None) -> list[dict]:
+    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": context}]
+    messages = [{"role": "user", "content": content}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system_prompt}]})
+    return messages
+
+
+class Pipeline:
+    """A loaded checkpoint, its method and its decoding methods. See the module docstring.
+
+    ``mps`` / ``mrs``: None (off) or their settings (``{}`` for the defaults). ``steps``, ``gen_length``,
+    ``block_length``, ``cfg_scale``, ``remasking`` and ``seed`` are the diffusion sampler's."""
+
+    def __init__(self, pretrained: str | os.PathLike, method: str = "none", pvm: str | os.PathLike | None = None,
+                 baseline: str | None = None, baseline_args: dict | None = None, mps: dict | None = None,
+                 mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = 128,
+                 steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
+                 cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
+                 system_prompt: str | None = None):
+        self.method = get_method(method, stage="load").name
+        self._decoding_requested(baseline, baseline_args)  # bad settings before a (possibly minutes long) load
+        self.path = Path(pretrained).expanduser()
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
+                                    "checkpoint directories only; download a hub model first)")
+        self.pvm_dir = None if pvm in (None, "") else Path(pvm).expanduser()
+        self.mps, self.mrs = mps, mrs
+        self.max_new_tokens = max_new_tokens
+        self.steps, self.gen_length, self.block_length = steps, gen_length, block_length
+        self.cfg_scale, self.remasking, self.seed = cfg_scale, remasking, seed
+        self.system_prompt = system_prompt or None
+        self._check_method_arguments(steps, gen_length, block_length)
+
+        self._device = resolve_device(device)
+        self._dtype = resolve_dtype(dtype, self._device)
+        self.kind = checkpoint_kind(self.path)
+        self._check_kind()
+        self._model, self._processor = self._load()
+        # (entry, object) of every decoding method, applied in this order around each batch
+        self._decoders: list = []
+        if self.method == "diffusion":
+            for name, settings in (("mps", self.mps), ("mrs", self.mrs)):
+                if settings is not None:
+                    entry = get_method(name, stage="decode", family="diffusion")
+                    self._decoders.append((entry, entry.make(settings, self._model, self.tokenizer)))
+        self._baseline = None
+        if baseline not in (None, "", "none"):
+            entry = get_method(baseline, stage="decode", family="autoregressive")
+            self._baseline = entry.make(baseline_args, self._model, self.tokenizer)
+            self._decoders.append((entry, self._baseline))
+
+    # ------------------------------------------------------------------ setup
+
+    def _decoding_requested(self, baseline, baseline_args) -> None:
+        """Refuse decoding methods that do not fit ``method`` and bad settings, before the model loads."""
+        if baseline not in (None, "", "none"):
+            if self.method == "diffusion":
+                raise ValueError(f"baseline={baseline} decodes autoregressive models; method is diffusion")
+            get_method(baseline, stage="decode", family="autoregressive").make(baseline_args)  # its settings' ranges
+        elif baseline_args:
+            raise ValueError(f"baseline settings given without a baseline "
+                             f"({'|'.join(method_names('decode', 'autoregressive'))})")
+
+    def _check_method_arguments(self, steps, gen_length, block_length) -> None:
+        if self.pvm_dir is not None and self.method != "pvm":
+            raise ValueError(f"pvm={self.pvm_dir} is given but method={self.method}; pass method=pvm to apply the "
+                             "PVM adapter")
+        if self.method == "pvm" and self.pvm_dir is None:
+            raise ValueError("method=pvm needs pvm=<adapter directory> (pvm_config.json + pvm.safetensors)")
+        if self.method != "diffusion":
+            given = [n for n, v in (("mps", self.mps), ("mrs", self.mrs), ("steps", steps),
+                                    ("gen_length", gen_length), ("block_length", block_length)) if v is not None]
+            if self.cfg_scale != 0.0:
+                given.append("cfg_scale")
+            if self.remasking != "low_confidence":
+                given.append("remasking")
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to method=diffusion (method is {self.method})")
+
+    def _check_kind(self) -> None:
+        """What ``method`` needs of the checkpoint, read from the architecture table."""
+        kind, where = self.kind, self.path
+        spec = ARCHITECTURES[kind]
+        if self.method == "diffusion":
+            if spec.family != "diffusion":
+                raise ValueError(f"method=diffusion needs a masked-diffusion VLM (LLaVA with a llada text model); "
+                                 f"{where} has model_type {kind!r}")
+            if not spec.loadable:
+                raise ValueError(f"{where}: {spec.note}")
+            if not spec.vlm:
+                raise ValueError(f"{where} is a text-only LLaDA language model; lmms-eval tasks need a VLM "
+                                 "(LLaVA with a llada text model)")
+            return
+        if spec.family == "diffusion":
+            raise ValueError(f"{where} is a masked-diffusion checkpoint ({kind}); evaluate it with method=diffusion")
+        if self.method == "bridge" and kind != "keepsight_llava":
+            raise ValueError(f"method=bridge expects a bridge-converted checkpoint (model_type keepsight_llava, from "
+                             f"`keepsight bridge train` or replace_projector + save_pretrained); {where} has "
+                             f"model_type {kind!r}")
+
+    def _load(self):
+        """Through ``keepsight.models.load_checkpoint`` (the loader of every ``--model`` command)."""
+        model, processor = load_checkpoint(self.path, dtype=self._dtype, device=self._device)
+        if not getattr(processor, "chat_template", None) and not getattr(processor.tokenizer, "chat_template", None):
+            raise ValueError(f"the processor in {self.path} has no chat template; keepsight formats every request "
+                             "with it")
+        if self.method == "diffusion":
+            return model, processor
+        arch_info(model)  # the layout keepsight's methods rely on
+        if self.method == "pvm":
+            load_pvm(model, self.pvm_dir)
+        return model, processor
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def processor(self):
+        return self._processor
+
+    @property
+    def tokenizer(self):
+        return self._processor.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    # ------------------------------------------------------------------ inputs
+
+    def chat_prompt(self, context: str, n_images: int) -> str:
+        """One user turn (the images, then the context) in the processor's chat template, ready for the answer."""
+        messages = _user_turn(context, n_images, self.system_prompt)
+        return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def sample_prompt(self, sample) -> str:
+        """A ``keepsight.data.Sample``'s conversation before its last assistant turn (every earlier turn, several
+        images) in the processor's chat template, ready for the answer; the system prompt when none is given."""
+        messages = list(sample.prompt_messages)
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
+        return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(self, texts: list[str], images: list, side: str = "left"):
+        """Processor batch on the model's device (floating tensors in the model dtype), padded on ``side``."""
+        kwargs: dict = {"text": texts, "return_tensors": "pt", "padding": True}
+        if images:
+            kwargs["images"] = images
+        bos = self.tokenizer.bos_token
+        if bos and all(t.startswith(bos) for t in texts):
+            kwargs["add_special_tokens"] = False  # the chat template wrote the bos already
+        with padding_side(self.tokenizer, side):
+            enc = self._processor(**kwargs)
+        enc = enc.to(self._device)
+        for k, v in list(enc.items()):
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                enc[k] = v.to(self._dtype)
+        return enc
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, contexts: list[str], images: list | None = None, images_per_prompt: list[int] | None = None,
+                 **gen_kwargs) -> Generation:
+        """Answers to user questions ``contexts`` (one user turn each, in the chat template), with ``images`` in
+        order (``images_per_prompt`` of them per context; default: one each when there are as many images as
+        contexts, else none), and the decoding methods' stats. ``gen_kwargs`` as ``generate_prompts``."""
+        images = list(images or [])
+        if images_per_prompt is None:
+            if images and len(images) != len(contexts):
+                raise ValueError(f"{len(images)} images for {len(contexts)} prompts: give images_per_prompt")
+            images_per_prompt = [1 if images else 0] * len(contexts)
+        if len(images_per_prompt) != len(contexts) or sum(images_per_prompt) != len(images):
+            raise ValueError(f"images_per_prompt {images_per_prompt} does not fit {len(contexts)} prompts and "
+                             f"{len(images)} images")
+        prompts = [self.chat_prompt(c, n) for c, n in zip(contexts, images_per_prompt)]
+        texts = self.generate_prompts(prompts, images, gen_kwargs)
+        return Generation(texts, self.decoding_stats())
+
+    def generate_samples(self, samples: list, gen_kwargs=None) -> list[str]:
+        """Answers to a batch of ``Sample``s (a user's dataset: ``keepsight eval generate``), by this model's
+        method; ``gen_kwargs`` as lmms-eval's (greedy, ``max_new_tokens`` by default)."""
+        return self.generate_prompts([self.sample_prompt(s) for s in samples], [im for s in samples for im in s.images],
+                                     gen_kwargs)
+
+    def decoding_stats(self) -> dict:
+        """``{method name: its stats()}`` for the decoding methods that report them, after the last batch."""
+        return {entry.name: obj.stats() for entry, obj in self._decoders if hasattr(obj, "stats")}
+
+    def baseline_stats(self) -> dict | None:
+        """How often the baseline acted in the last generation batch (``keepsight.baselines``), or None."""
+        return self._baseline.stats() if self._baseline is not None else None
+
+    def settings(self, gen_kwargs) -> dict:
+        """Decoding settings from lmms-eval-style ``gen_kwargs`` (``until``, ``max_new_tokens``, ``temperature``,
+        ``do_sample``, ``num_beams``, ``top_p``, ``top_k``); greedy unless sampling is asked for."""
+        return decoding_settings(gen_kwargs, self.max_new_tokens)
+
+    @staticmethod
+    def cut(text: str, until: list[str]) -> str:
+        """``text`` up to the first of the ``until`` strings, stripped."""
+        for stop in until:
+            at = text.find(stop)
+            if at >= 0:
+                text = text[:at]
+        return text.strip()
+
+    @torch.no_grad()
+    def generate_prompts(self, prompts: list[str], images: list, gen_kwargs) -> list[str]:
+        """Answers to chat-formatted ``prompts`` (their ``images`` in order) by this model's method."""
+        s = self.settings(gen_kwargs)
+        enc = self.encode(prompts, images, "left")
+        if self.method == "diffusion":
+            new = self._diffuse(enc, s)
+        else:
+            kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
+            if s["do_sample"]:
+                kw["temperature"] = s["temperature"]
+                kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
+            if self._model.generation_config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
+                kw["pad_token_id"] = self.tokenizer.pad_token_id
+            with self._applied(enc["input_ids"].shape[1]):
+                gen = self._model.generate(**enc, **kw)
+            new = gen[:, enc["input_ids"].shape[1]:]
+        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        return [self.cut(t, s["until"]) for t in texts]
+
+    def _applied(self, prompt_len: int) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for entry, obj in self._decoders:
+            stack.enter_context(entry.applied(obj, self._model, prompt_len))
+        return stack
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for v in (self.tokenizer.eos_token_id, self._model.generation_config.eos_token_id):
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        return ids
+
+    def diffusion_settings(self, max_new_tokens: int) -> tuple[int, int, int]:
+        """(gen_length, steps, block_length) for a request asking ``max_new_tokens``: ``gen_length`` and
+        ``block_length`` from the settings when given, else the request's length (rounded up to a whole number of
+        blocks); ``steps`` defaults to one token per step."""
+        if self.gen_length is not None:
+            gen_length = self.gen_length
+            block = self.block_length or gen_length
+        else:
+            block = self.block_length or max_new_tokens
+            gen_length = -(-max_new_tokens // block) * block
+        return gen_length, self.steps or gen_length, block
+
+    def _diffuse(self, enc, s: dict) -> torch.Tensor:
+        gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
+        tok = self.tokenizer
+        suppress, stop = shipped_decoding(tok)  # LLaDA-V's bans at mask slots and its <|eot_id|> stop, as shipped
+        if not suppress:  # another tokenizer: pad and bos are never generated
+            suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
+        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
+        prompt_len = enc["input_ids"].shape[1]
+        with self._applied(prompt_len):
+            out = diffusion_generate(self._model, enc["input_ids"], enc.get("attention_mask"), enc.get("pixel_values"),
+                                     gen_length=gen_length, steps=steps, block_length=block,
+                                     temperature=s["temperature"] if s["do_sample"] else 0.0, cfg_scale=self.cfg_scale,
+                                     remasking=self.remasking, suppress_token_ids=suppress,
+                                     generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra)
+        eos, pad = self._eos_ids() | set(stop), tok.pad_token_id if tok.pad_token_id is not None else 0
+        rows = []
+        for row in out.generated.tolist():  # cut at the first end-of-sequence token, pad to a rectangle
+            rows.append(row[: next((j for j, t in enumerate(row) if t in eos), len(row))])
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
+
+    # ------------------------------------------------------------------ scoring
+
+    def continuation_check(self) -> None:
+        """Refuse scoring where it is undefined: with a decoding method (it changes generation only) or on a
+        masked-diffusion model."""
+        if self._baseline is not None:
+            raise ValueError(f"baseline={self._baseline.name} changes generation only; loglikelihood tasks score the "
+                             "model itself")
+        if self.method == "diffusion":
+            raise NotImplementedError("loglikelihood is not defined for a masked-diffusion model (method=diffusion) "
+                                      "here: it has no left-to-right token probabilities; evaluate it on "
+                                      "generate_until tasks")
+
+    @torch.no_grad()
+    def continuation_logprob(self, context: str, continuation: str, images: list) -> tuple[float, bool]:
+        """(sum of log p(continuation token | everything before it), all of them the argmax). The continuation
+        is appended to the chat prompt as text; tokens the tokenizer merges across the boundary count as
+        continuation."""
+        self.continuation_check()
+        prompt = self.chat_prompt(context, len(images))
+        ctx_ids = self.encode([prompt], images, "right")["input_ids"][0]
+        full = self.encode([prompt + continuation], images, "right")
+        ids = full["input_ids"][0]
+        n = min(len(ids), len(ctx_ids))
+        differ = (ids[:n] != ctx_ids[:n]).nonzero()
+        split = int(differ[0]) if len(differ) else n
+        if split >= len(ids):
+            return 0.0, True
+        if split < 1:
+            raise ValueError("the prompt has no token before the continuation")
+        logits = self._model(**full, use_cache=False).logits[0, split - 1 : -1].float()  # [C, V]
+        logp = logits.log_softmax(-1)
+        target = ids[split:].to(logp.device)  # [C]
+        total = float(logp.gather(-1, target[:, None]).sum())
+        return total, bool((logp.argmax(-1) == target).all())

@@ -1,0 +1,125 @@
+"""``keepsight.inference``: the method registry (every method listed once; a new method is a module plus one
+registration, the documented example run as written) and ``Pipeline`` (load + method + decode) against a plain
+``model.generate`` on the same chat prompts."""
+
+import re
+import textwrap
+
+import pytest
+import torch
+
+from keepsight.baselines import BASELINES
+from keepsight.data import chat_example
+from keepsight.inference import METHODS, Generation, Pipeline, get_method, method_names, register_method
+from keepsight.inference import registry as registry_module
+from keepsight.world import generate, render, world_config
+from keepsight.world.models import build_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+QUESTIONS = ["is there a red circle at b3 ?", "describe the image in detail ."]
+
+
+@pytest.fixture(scope="module")
+def images():
+    cfg = world_config()
+    return [render(s, cfg.noise_std) for s in generate(cfg, len(QUESTIONS), seed=0)]
+
+
+@pytest.fixture(scope="module")
+def base(processor, tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_model("tiny-llava", processor.tokenizer)
+    path = tmp_path_factory.mktemp("base")
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return model, path
+
+
+@pytest.fixture
+def example_method():
+    """The registry docstring's ten-line example, run as written; unregistered afterwards."""
+    doc = registry_module.__doc__
+    code = textwrap.dedent(doc[doc.index("    from dataclasses import dataclass"): doc.index("after which")])
+    namespace: dict = {}
+    exec(compile(code, "registry-example", "exec"), namespace)
+    yield namespace
+    METHODS.pop("damp", None)
+
+
+def direct_greedy(model, processor, images, max_new_tokens):
+    tok = processor.tokenizer
+    old, tok.padding_side = tok.padding_side, "left"
+    try:
+        enc = processor(text=[chat_example(processor, q) for q in QUESTIONS], images=images, return_tensors="pt",
+                        padding=True)
+    finally:
+        tok.padding_side = old
+    with torch.no_grad():
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+    return [t.strip() for t in tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
+
+
+def test_every_method_is_registered_once_with_its_stage_and_family():
+    assert method_names("load") == ["bridge", "diffusion", "none", "pvm"]
+    assert set(method_names("decode", "autoregressive")) == set(BASELINES)
+    assert method_names("decode", "diffusion") == ["mps", "mrs"]
+    for name, (cls, config) in BASELINES.items():
+        entry = METHODS[name]
+        assert entry.config is config and entry.build is cls and entry.needs
+        assert isinstance(entry.make(), cls)  # the config's defaults
+
+
+def test_registry_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match=r"unknown method 'dola'; choose from \['deco', 'memvr', 'opera', 'pai', "
+                                         r"'vcd'\]"):
+        get_method("dola", stage="decode", family="autoregressive")
+    with pytest.raises(ValueError, match="unknown method 'mps'"):  # a diffusion method on an autoregressive model
+        get_method("mps", family="autoregressive")
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("vcd", *BASELINES["vcd"][::-1])
+    with pytest.raises(ValueError, match="needs a config dataclass"):
+        register_method("broken", dict, dict)
+    with pytest.raises(ValueError, match=r"vcd: .*unexpected keyword argument 'strength'.*its settings: \["):
+        METHODS["vcd"].make({"strength": 1.0})
+    with pytest.raises(ValueError, match="alpha must lie in"):  # the config's own check
+        METHODS["vcd"].make({"alpha": -1.0})
+    with pytest.raises(ValueError, match="part of the model"):
+        METHODS["pvm"].make()
+
+
+def test_pipeline_decodes_as_plain_generate(base, processor, images):
+    model, path = base
+    pipe = Pipeline(path, device="cpu")
+    out = pipe.generate(QUESTIONS, images, max_new_tokens=6)
+    assert isinstance(out, Generation) and out.stats == {}
+    assert out.texts == direct_greedy(model, processor, images, 6)
+    with pytest.raises(ValueError, match="give images_per_prompt"):
+        pipe.generate(QUESTIONS, images[:1])
+    with pytest.raises(ValueError, match=r"images_per_prompt \[2, 1\] does not fit"):
+        pipe.generate(QUESTIONS, images, images_per_prompt=[2, 1])
+
+
+def test_pipeline_reports_each_decoding_methods_stats(base, images):
+    _, path = base
+    out = Pipeline(path, device="cpu", baseline="vcd").generate(QUESTIONS, images, max_new_tokens=4)
+    assert set(out.stats) == {"vcd"} and out.stats["vcd"]["forwards"] == 4
+    with pytest.raises(ValueError, match="unknown method 'mps'"):
+        Pipeline(path, device="cpu", baseline="mps")
+    with pytest.raises(ValueError, match="baseline settings given without a baseline"):
+        Pipeline(path, device="cpu", baseline_args={"alpha": 1.0})
+
+
+def test_a_new_method_is_a_module_and_one_registration(base, processor, images, example_method):
+    """The documented example: identity at factor 1, and at factor -1 greedy picks the least likely token."""
+    model, path = base
+    assert METHODS["damp"].family == "autoregressive" and METHODS["damp"].config is example_method["DampConfig"]
+    plain = direct_greedy(model, processor, images, 5)
+    same = Pipeline(path, device="cpu", baseline="damp", baseline_args={"factor": 1.0})
+    out = same.generate(QUESTIONS, images, max_new_tokens=5)
+    assert out.texts == plain
+    assert out.stats["damp"]["forwards"] == 5 and out.stats["damp"]["acted"] == 0
+    flipped = Pipeline(path, device="cpu", baseline="damp", baseline_args={"factor": -1.0})
+    out = flipped.generate(QUESTIONS, images, max_new_tokens=5)
+    assert out.texts != plain and out.stats["damp"]["acted"] == 5 and out.stats["damp"]["changed_argmax"] > 0
+    assert re.search(r"\bdamp\b", " ".join(method_names("decode")))
