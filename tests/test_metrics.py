@@ -118,3 +118,37 @@ def test_yes_no_scores_mme_style():
         yes_no_scores([{"image": "i"}])
     with pytest.raises(ValueError, match="no yes/no records"):
         yes_no_scores([])
+
+
+@pytest.mark.parametrize("text, readings", [
+    # text: (pope, opera, keepsight, first_word, mention)
+    ("There is no dog.", ("no", "no", "no", None, "no")),
+    ("Yes, it is", ("yes", "yes", "yes", "yes", "yes")),
+    ("No.", ("no", "no", "no", "no", "no")),
+    ("NO", ("yes", "no", "no", "no", "no")),
+    ("It is not there", ("no", "no", "no", None, None)),
+    ("There isn't one", ("yes", "no", None, None, None)),
+    ("I cannot tell", ("yes", "yes", None, None, None)),
+    ("", ("yes", "yes", None, None, None)),
+])
+def test_one_yes_no_parser_with_named_rules(text, readings):
+    from keepsight.metrics import YES_NO_RULES, parse_yes_no
+
+    assert YES_NO_RULES == ("pope", "opera", "keepsight", "first_word", "mention")
+    assert tuple(parse_yes_no(text, rule) for rule in YES_NO_RULES) == readings
+    assert parse_yes_no(text, "first") == readings[2]  # the earlier name of "keepsight"
+
+
+def test_the_scorers_read_yes_no_by_their_rules():
+    from keepsight.metrics.answers import match
+    from keepsight.metrics.pope import parser_name
+
+    record = {"image": "s0", "category": "existence", "answer": "no", "prediction": "There is no dog."}
+    assert yes_no_scores([record])["overall_acc"] == 0.0  # the world's rule: the first word answers
+    assert match("yesno", "There is no dog.", "no")  # eval score: the first yes / no mentioned
+    with pytest.raises(ValueError, match="unknown yes/no parsing rule 'mention'"):
+        parser_name("mention")  # POPE offers its own three rules only
+    with pytest.raises(ValueError, match=r"expected one of \['pope', 'opera', 'keepsight', 'first_word'"):
+        from keepsight.metrics import parse_yes_no
+
+        parse_yes_no("yes", "llava")

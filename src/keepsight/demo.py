@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -44,7 +45,7 @@ from .train.finetune import FinetuneConfig
 from .train.lora_control import LoRATrainConfig
 from .train.pvm_grpo import GRPOTrainConfig
 from .train.pvm_sft import PVMTrainConfig
-from .world.base import StageConfig, TrainConfig, train_base
+from .world.base import BASE_RECIPE, StageConfig, TrainConfig, train_base
 from .world.config import WorldConfig, world_config
 from .world.dataset import generate
 from .world.render import png_bytes
@@ -71,20 +72,6 @@ EXPERIMENTS: dict[str, Experiment] = {
     "diffusion": Experiment(run_diffusion_experiment, diffusion_report, diffusion_markdown),
     "baselines": Experiment(run_baselines_experiment, baselines_report, baselines_markdown),
 }
-
-
-# The base recipe of the full profiles (4,000 scenes; 2 cores: about 9 minutes). Its alignment stage is long enough
-# for the frozen language model to read the projector's output before instruction tuning, and the language model
-# learns at half the projector's rate there: with the earlier 200 alignment steps at one rate, a base learned to
-# look at the image for some seeds and not for others (held-out yes/no 0.81-0.82 vs 0.61). The instruct mix adds
-# "count_yes_no" (two "are there n objects ?" yes / no pairs per scene, one "no" a near miss): without it the
-# yes/no count category stayed at 0.56-0.59 on every seed (acc+ 0.14: both of an image's count questions got the
-# same answer) although the open count was right 0.77 of the time.
-BASE_RECIPE = TrainConfig(
-    lm=StageConfig(250, 3e-3, 32), vision=StageConfig(400, 2e-3, 32), align=StageConfig(600, 2e-3, 16),
-    instruct=StageConfig(4000, 2e-3, 16), instruct_lm_lr=1e-3, save_every=200,
-    instruct_tasks=INSTRUCT_TASKS + ("chat", "count_yes_no"),
-)
 
 
 # PVM in the experiments: the block as released (keepsight.pvm.block; on the 128-wide base its latent width resolves
@@ -352,6 +339,19 @@ def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: st
         return _run_profile(profile, runs_dir, out, retrain, env, demo_command(profile_name, threads))
 
 
+def _link_base(out: Path, model_dir: Path) -> None:
+    """``<run>/base``: a relative link to the run's (first) base model in the cache, so commands can name it by a
+    fixed path (``--model runs/full/base``). Replaced atomically; anything but a link there is left alone."""
+    link = out / "base"
+    if link.exists() and not link.is_symlink():
+        log(f"{link} exists and is not keepsight's link; the base model is {model_dir}")
+        return
+    tmp = out / f".base.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(model_dir.resolve(), out.resolve()), target_is_directory=True)
+    os.replace(tmp, link)
+
+
 def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool, env: dict, command: str) -> dict:
     t0 = time.time()
     cfg = profile.world
@@ -379,6 +379,7 @@ def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool,
                     "total_s": time.time() - t0},
     }
     write_json(out / "results.json", results)
+    _link_base(out, Path(first["model_dir"]))
     base = results["base"]
     k = profile.dilution_objects or cfg.max_objects
     plot = plot_accuracy_by_index(base["dilution"]["by_index"], out / "dilution.png",

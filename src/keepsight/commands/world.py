@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 
 from ..atomic import check_output_dir, check_output_file, write_json
@@ -11,7 +12,7 @@ from ..inference import build_method, method_names
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
-from ..world.base import BASE_KIND, STAGES, TrainConfig, finalize, stage_done, train_base, train_stage
+from ..world.base import BASE_KIND, BASE_RECIPE, STAGES, finalize, stage_done, train_base, train_stage
 from ..world.dataset import build_world, check_in_memory, generate
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
@@ -40,7 +41,8 @@ def add_parser(sub) -> None:
     world_args(b)
     b.set_defaults(func=run_build)
 
-    t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct)")
+    t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct) with the demo's "
+                          "recipe (keepsight.world.base.BASE_RECIPE)")
     t.add_argument("--preset", default="tiny-llava")
     t.add_argument("--out", required=True)
     t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
@@ -99,7 +101,7 @@ def run_train(args) -> int:
         cfg = world_from_args(args)
         check_in_memory(cfg, args.n)
         samples = WorldSamples.from_scenes(cfg, generate(cfg, args.n, seed=args.seed))
-    tc = TrainConfig(preset=args.preset, seed=args.seed)
+    tc = copy.deepcopy(dataclasses.replace(BASE_RECIPE, preset=args.preset, seed=args.seed))  # the demo's recipe
     for stage in STAGES:
         st = getattr(tc, stage)
         st.steps = max(1, round(st.steps * args.steps_scale))

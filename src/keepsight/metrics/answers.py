@@ -3,7 +3,8 @@ score``) and for GRPO rewards on a user's data:
 
 - ``exact``: equal after normalisation (lower case, punctuation and the articles a / an / the removed, spaces
   collapsed; the VQA convention);
-- ``yesno``: the first yes / no word of the answer equals the reference's;
+- ``yesno``: the first yes / no word of the answer equals the reference's (``yesno.parse_yes_no``'s rule
+  ``"mention"``);
 - ``choice``: the option letter of the answer equals the reference's: the first marked one (``(B)``, ``[B]``,
   ``B.``, ``B)``, ``B:``), else the first bare capital letter other than the words ``I`` / ``A``;
 - ``numeric``: the first number in the answer is within ``tolerance`` (relative, and at least ``tolerance`` in
@@ -16,10 +17,10 @@ import re
 import string
 
 from .stats import wilson
+from .yesno import parse_yes_no
 
 ARTICLES = {"a", "an", "the"}
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})
-_YESNO = re.compile(r"\b(yes|no)\b", re.I)
 _MARKED = re.compile(r"[(\[]([A-Z])[)\]]|(?:^|\s)([A-Z])[.):,](?:\s|$)")  # (B) [B] B. B) B:
 _BARE = re.compile(r"(?:^|\s)([A-Z])(?:\s|$)")
 _NUMBER = re.compile(r"[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?")
@@ -32,8 +33,7 @@ def normalise(text: str) -> str:
 
 
 def first_yes_no(text: str) -> str | None:
-    m = _YESNO.search(str(text))
-    return m.group(1).lower() if m else None
+    return parse_yes_no(text, "mention")
 
 
 def first_choice(text: str) -> str | None:

@@ -64,7 +64,8 @@ the image?", as in the reference's published files). Per image the records alter
 (yes, no, yes, no, ...), as in the reference. ``question_id`` is ``f"{strategy}-{k}"`` with k counting from
 0 within the strategy (the reference numbers each strategy's file from 0), unique across strategies.
 
-Parsing answers (``parse_yes_no``), three named rules (``PARSERS``):
+Parsing answers (``parse_yes_no`` of ``keepsight.metrics.yesno``, the one yes / no parser), three of its named rules
+(``PARSERS``):
 
 * ``"pope"`` (default; the reference ``evaluate.py`` exactly, so numbers compare with published ones): keep
   the text before the first ".", drop commas, split on single spaces; "no" when one of the tokens is exactly
@@ -99,13 +100,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .coco_chair import _SPLITS, _YEARS, _candidate_dirs, _load_json
 from .stats import wilson
+from .yesno import parse_yes_no, rule_name
 
 #: The three negative-sampling strategies of POPE, in the paper's order.
 POPE_STRATEGIES = ("random", "popular", "adversarial")
@@ -115,11 +116,9 @@ QUESTION_TEMPLATE = "Is there a {} in the image?"
 _POSITIVES = ("random", "area")
 _COUNTS_FROM = ("selected", "all")
 _ADVERSARIAL = ("per_object", "pooled")
-#: The answer parsers (``parse_yes_no``): POPE's evaluate.py (the default), keepsight's first-word rule, OPERA's.
+#: The answer parsers POPE offers (``metrics.yesno.parse_yes_no``): POPE's evaluate.py (the default), keepsight's
+#: first yes / no / not word, OPERA's.
 PARSERS = ("pope", "keepsight", "opera")
-#: Earlier names still accepted.
-_ALIASES = {"first": "keepsight"}
-_OPERA_NEG = ("No", "not", "no", "NO")
 
 # ------------------------------------------------------------------------------------ annotations
 
@@ -322,39 +321,14 @@ def build_pope_questions(
 
 # ------------------------------------------------------------------------------------ scoring
 
-_WORDS_RE = re.compile(r"[a-z]+")
 
 
 def parser_name(rule: str) -> str:
-    """The canonical name of a yes/no parsing rule (``"first"`` -> ``"keepsight"``); ``ValueError`` if unknown."""
-    rule = _ALIASES.get(rule, rule)
+    """The canonical name of a POPE parsing rule (``"first"`` -> ``"keepsight"``); ``ValueError`` if unknown."""
+    rule = rule_name(rule)
     if rule not in PARSERS:
         raise ValueError(f"unknown yes/no parsing rule {rule!r}; expected one of {list(PARSERS)}")
     return rule
-
-
-def parse_yes_no(text: str, rule: str = "pope") -> str | None:
-    """"yes", "no" or ``None`` for a model's answer (see the module docstring for the rules).
-
-    ``rule="pope"`` (default): the reference ``evaluate.py`` (never None; "NO." -> "yes", "" -> "yes").
-    ``rule="keepsight"`` (alias ``"first"``): the first whole word among yes / no / not decides ("There is no
-    dog." -> "no", "I cannot tell" -> None). ``rule="opera"``: OPERA's ``pope_eval.py`` (never None).
-    """
-    rule = parser_name(rule)
-    if rule == "keepsight":
-        for w in _WORDS_RE.findall(text.lower()):
-            if w == "yes":
-                return "yes"
-            if w in ("no", "not"):
-                return "no"
-        return None
-    if rule == "pope":
-        if "." in text:
-            text = text.split(".")[0]
-        words = text.replace(",", "").split(" ")
-        return "no" if ("No" in words or "not" in words or "no" in words) else "yes"
-    words = text.replace(".", "").replace(",", "").split(" ")  # opera
-    return "no" if any(w in _OPERA_NEG or w.endswith("n't") for w in words) else "yes"
 
 
 def _answer_map(answers) -> dict:
