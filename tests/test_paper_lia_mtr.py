@@ -1,4 +1,4 @@
-"""The LIA-MTR bridge pinned to the paper (seeds/002; SPEC section B). References are written here from the
+"""The LIA-MTR bridge pinned to its paper. References are written here from the
 paper's equations, reading only the bridge's weight tensors (never ``_features`` / ``_convolve``):
 
     (1) q_t = W_q x_t,  k_t = phi(W_k x_t) with phi = ELU + 1,  v_t = W_v x_t
@@ -145,7 +145,7 @@ def test_forward_equals_token_loop_in_float32():
 
 def test_decays_span_the_papers_half_lives():
     # "distributing lambda_s log-linearly across [0.70, 0.995] ... half-lives from 1.94 to 138.28 steps".
-    # Fails if the endpoints moved or a decay left (0, 1). (The spacing between them is open: SPEC F.)
+    # Fails if the endpoints moved or a decay left (0, 1). (The spacing between them is open in the paper.)
     bridge = LiaMtrBridge(LiaMtrConfig(d_vision=DV, d_model=DM))
     lam = sorted(bridge.config.lambda_values())
     assert len(lam) == 4

@@ -1,12 +1,12 @@
-"""Monotonic RoPE Scaling schedules and gains pinned to closed forms (seeds/003, Sec. 5.2 and App. I.6 /
-Table 18; SPEC section C).
+"""Monotonic RoPE Scaling schedules and gains pinned to closed forms (the MPS / MRS paper, Sec. 5.2 and App. I.6 /
+Table 18).
 
 What the paper fixes: the scaling is monotone across the frequency index ("progressively modulates the
 scaling strength according to the frequency index"), preserves the high frequencies and modulates the low
 ones (I.6), eta is "the slope" and tau0 "the center of the frequency-wise scaling" (I.4), beta "the RoPE
 scaling magnitude"; values beta = 0.01, eta = 8 (LLaDA-V) / 12 (LaViDa), tau0 = 0.6. Table 18 names the
 schedules (sigmoid, cosine, exponential, linear, power) but the paper writes no formula for any of them,
-nor for the gain; the forms below are SPEC C's reading, written here with the math module:
+nor for the gain; the forms below are our reading, written here with the math module:
 
     sigmoid      (sig(eta (tau - tau0)) - sig(-eta tau0)) / (sig(eta (1 - tau0)) - sig(-eta tau0))
     cosine       (1 - cos(pi tau)) / 2

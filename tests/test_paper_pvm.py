@@ -39,7 +39,7 @@ def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, he
     W_down [d', d]; W_down_v [d', d] or None (None = the shared W_down, the paper's choice);
     W_up [d, d']; gate: lambda, [1] or [d]; heads: d' is split into ``heads`` blocks of d'_h = d' / heads.
     A row with no visual token gets 0. Returns [B, T, d].
-    Our readings (SPEC F): ``v_norm_weight`` [d]: V is RMS-normalised (eps 1e-6) and scaled by it before any
+    Our readings: ``v_norm_weight`` [d]: V is RMS-normalised (eps 1e-6) and scaled by it before any
     projection; ``W_key`` [d', d]: the keys are W_key V instead of V_lat; ``temperature``: the logits are
     divided by sqrt(d'_h) * temperature.
     """

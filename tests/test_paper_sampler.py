@@ -1,4 +1,4 @@
-"""The masked-diffusion sampler's temperature pinned to its definition (seeds/003; SPEC section C, "Sampler":
+"""The masked-diffusion sampler's temperature pinned to its definition (the MPS / MRS paper, arXiv 2605.14530, "Sampler":
 "optional Gumbel temperature"): at temperature T > 0 the token committed at a slot is a sample of
 softmax(l / T), with l the model's logits at that slot and the suppressed ids (the mask token, plus any
 ``suppress_token_ids``) removed and the rest renormalised. The reference distribution is computed here

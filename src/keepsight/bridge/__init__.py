@@ -1,4 +1,4 @@
-"""Vision -> LLM bridges (projectors): LIA-MTR (SPEC section B) and its baselines, behind one factory."""
+"""Vision -> LLM bridges (projectors): LIA-MTR and its baselines, behind one factory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LIA-MTR bridge configuration (SPEC section B) and the input checks every bridge shares."""
+"""LIA-MTR bridge configuration and the input checks every bridge shares."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LIA-MTR bridge (SPEC section B): a gated, multi-scale linear-retention projector, vision encoder -> LLM.
+"""LIA-MTR bridge: a gated, multi-scale linear-retention projector, vision encoder -> LLM.
 
 For visual tokens x_1..x_N (each [d_vision]):
     q_t = W_q x_t,  k_t = phi(W_k x_t) (phi = ELU + 1),  v_t = W_v x_t          (width d_inner)

@@ -1,5 +1,5 @@
 """Masked-diffusion VLMs (LLaDA / LLaDA-V style): the LLaDA-style sampler and the two training-free fixes of
-SPEC section C, Mask Prior Suppression (``mps``) and Monotonic RoPE Scaling (``mrs``), with their settings
+the MPS / MRS paper (arXiv 2605.14530): Mask Prior Suppression (``mps``) and Monotonic RoPE Scaling (``mrs``), with their settings
 (``MPSConfig`` / ``MRSConfig``, the papers' defaults) and the NTK / YaRN baselines. The LLaDA model classes
 and loader live in ``keepsight.models``, the attention-by-distance probe in ``keepsight.probes``."""
 

@@ -1,4 +1,4 @@
-"""LLaDA-style sampler for masked-diffusion LMs and VLMs (SPEC section C, "Sampler").
+"""LLaDA-style sampler for masked-diffusion LMs and VLMs (the LLaDA sampler, as the MPS / MRS paper uses it).
 
 The prompt ``[B, P]`` is followed by ``gen_length`` mask slots. The slots are decoded block by block
 (``block_length``, left to right); each block gets ``steps // n_blocks`` steps and each step commits a

@@ -1,4 +1,4 @@
-"""The LIA-MTR world experiment (issue 5): MLP vs LIA-MTR projector from the same backbone, same budget.
+"""The LIA-MTR world experiment: MLP vs LIA-MTR projector from the same backbone, same budget.
 
 The MLP arm is the base model itself: its ``align`` stage is phase 1 (projector only) and its ``instruct``
 stage is phase 2 (projector + LLM). The LIA-MTR arm starts from the same lm / vision stages (assembled the

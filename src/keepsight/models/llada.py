@@ -12,7 +12,7 @@ builders) registers ``model_type = "llada"`` with ``AutoConfig``, ``AutoModel`` 
 ``LlavaForConditionalGeneration`` whose ``text_config`` is a ``LladaConfig`` builds a ``LladaModel`` as its
 language model) and ``AutoModelForCausalLM``.
 
-Checkpoint names (SPEC section E). ``CHECKPOINT_KEY_MAP`` maps source names to ours, first match wins:
+Checkpoint names. ``CHECKPOINT_KEY_MAP`` maps source names to ours, first match wins:
 
 =========================================================  ==================================================
 source (regex)                                             ours

@@ -17,7 +17,7 @@ The official ``config.json`` holds the language model's LLaMA fields (``hidden_s
 has none; its id must fall inside the embedding table, LLaDA's has unused rows), the tower's image processor (a
 local tower directory's ``preprocessor_config.json``, else SigLIP's at the tower's image size: resize, rescale,
 normalise to mean = std = 0.5), and LLaDA-V's chat template (LLaMA-3 headers, ``<|eot_id|>`` turn ends) when the
-tokenizer carries none. Its special ids (SPEC section E: mask 126336, ``<|startoftext|>`` 126080,
+tokenizer carries none. Its special ids (mask 126336, ``<|startoftext|>`` 126080,
 ``<|endoftext|>`` 126081 = pad, headers 126346 / 126347, ``<|eot_id|>`` 126348) come from the tokenizer.
 
 Our reading: LLaDA-V's ``image_aspect_ratio = "anyres_max_N"`` tiles a large image into crops plus a base view and

@@ -1,4 +1,4 @@
-"""Sequence operators (pure torch): the multi-scale retention scan behind the LIA-MTR bridge (SPEC section B)."""
+"""Sequence operators (pure torch): the multi-scale retention scan behind the LIA-MTR bridge."""
 
 from keepsight.ops.naive import naive_multiscale_retention
 from keepsight.ops.retention import check_lambdas, multiscale_retention, retention_step

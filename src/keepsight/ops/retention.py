@@ -1,4 +1,4 @@
-"""Multi-scale retention scan (SPEC section B), chunked: O(N) time and memory.
+"""Multi-scale retention scan, chunked: O(N) time and memory.
 
 For u [B, N, d], mixing weights alpha [B, N, S] and fixed decays lambdas [S]:
 

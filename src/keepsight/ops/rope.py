@@ -1,5 +1,5 @@
 """Rotary position embedding pieces in plain torch: frequency schedules and per-pair gains for
-Monotonic RoPE Scaling (SPEC section C), and a reference RoPE for tests.
+Monotonic RoPE Scaling (arXiv 2605.14530), and a reference RoPE for tests.
 
 Layout is transformers' ``rotate_half``: a head vector of size D holds rotary pair i in dims
 ``(i, i + D/2)``, i = 0..D/2-1, with inverse frequency ``inv_freq_i = theta ** (-2i / D)`` - pair 0 is

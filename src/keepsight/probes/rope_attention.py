@@ -1,5 +1,5 @@
 """Where generation slots of a masked-diffusion model attend, by relative distance and RoPE frequency band
-(the analysis behind Monotonic RoPE Scaling, SPEC section C; the paper's Fig. 3 and 7b).
+(the analysis behind Monotonic RoPE Scaling; the paper's Fig. 3 and 7b).
 
 ``RoPEAttentionProbe`` hooks the self-attention modules of the decoder stack and, at every forward (one per
 sampler step), recomputes the attention of the *generation slots* (columns >= ``gen_start``) from the
