@@ -154,3 +154,25 @@ def test_bad_inputs_raise_clear_errors(lm, prompt):
         generate(lm, prompt, gen_length=8, steps=3, block_length=4)
     with pytest.raises(ValueError, match="remasking"):
         generate(lm, prompt, gen_length=4, steps=2, remasking="entropy")
+
+
+def test_the_sampler_takes_one_config_or_its_fields_as_keywords(lm, prompt):
+    from keepsight.diffusion import SamplerConfig
+
+    cfg = SamplerConfig(gen_length=8, steps=4, block_length=4, temperature=1.0, remasking="random")
+    assert (cfg.block_length, cfg.n_blocks, cfg.steps_per_block, cfg.until_done) == (4, 2, 2, False)
+    by_config = generate(lm, prompt, config=cfg, generator=torch.Generator().manual_seed(3)).sequences
+    by_keywords = generate(lm, prompt, gen_length=8, steps=4, block_length=4, temperature=1.0, remasking="random",
+                           generator=torch.Generator().manual_seed(3)).sequences
+    assert torch.equal(by_config, by_keywords)
+    greedy = generate(lm, prompt, config=cfg, temperature=0.0, remasking="low_confidence").sequences  # overrides
+    assert torch.equal(greedy, generate(lm, prompt, gen_length=8, steps=4, block_length=4).sequences)
+    assert SamplerConfig(gen_length=8, steps=8).block_length == 8  # one block by default
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['temprature'\]"):
+        generate(lm, prompt, config=cfg, temprature=1.0)
+    with pytest.raises(ValueError, match="block_length 3 must be >= 1 and divide gen_length 8"):
+        SamplerConfig(gen_length=8, steps=4, block_length=3)
+    with pytest.raises(ValueError, match="does not combine with the cache"):
+        SamplerConfig(gen_length=8, steps=8, cfg_scale=1.0, cache="prefix")
+    with pytest.raises(AttributeError):
+        cfg.steps = 2  # frozen: a config is a value

@@ -15,6 +15,7 @@ from keepsight.diffusion.mps import (
 from keepsight.diffusion.mrs import MonotonicRoPEScaling, RoPEBaseline
 from keepsight.diffusion.sampler import (
     DiffusionOutput,
+    SamplerConfig,
     StepTrace,
     generate,
     guided_logits,
@@ -29,6 +30,7 @@ __all__ = [
     "MaskPriorSuppression",
     "MonotonicRoPEScaling",
     "RoPEBaseline",
+    "SamplerConfig",
     "StepTrace",
     "generate",
     "guided_logits",

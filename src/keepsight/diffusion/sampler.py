@@ -36,9 +36,10 @@ every non-pad prompt token, image tokens included, and therefore gets no ``pixel
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -135,7 +136,58 @@ def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
     return n_blocks, steps // n_blocks
 
 
+@dataclass(frozen=True)
+class SamplerConfig:
+    """The sampler's settings (see the module docstring), checked when made: a bad value is a ValueError naming it.
 
+    ``generate(model, ids, config=SamplerConfig(gen_length=64, steps=64))``, or the same fields as keywords."""
+
+    gen_length: int  # mask slots after the prompt
+    steps: int  # denoising steps in all (split evenly over the blocks)
+    block_length: int | None = None  # semi-autoregressive block (None: one block of gen_length)
+    temperature: float = 0.0  # Gumbel temperature of the token choice (0: argmax)
+    cfg_scale: float = 0.0  # classifier-free guidance (0: no unconditional pass)
+    remasking: str = "low_confidence"  # which slots a step commits: "low_confidence" | "random"
+    suppress_token_ids: tuple[int, ...] = ()  # ids never generated (their logits -inf at the slots)
+    mask_token_id: int | None = None  # default: the model config's
+    cache: str = "none"  # "none" | "prefix" | "dual" (fast decoding)
+    threshold: float | None = None  # confidence-aware parallel decoding
+    refresh_every: int | None = None  # cached: refresh the recorded keys every k steps
+    threshold_rule: str = "fast-dllm"  # "fast-dllm" | "schedule"
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
+        threshold = self.threshold
+        if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1:
+                raise ValueError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
+            if self.remasking != "low_confidence":
+                raise ValueError("threshold compares the model's confidence: it needs remasking='low_confidence'")
+        if self.threshold_rule not in THRESHOLD_RULES:
+            raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {self.threshold_rule!r}")
+        if self.refresh_every is not None:
+            object.__setattr__(self, "refresh_every", _int("refresh_every", self.refresh_every))
+        if self.cache != "none" and self.cfg_scale > 0:
+            raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use "
+                             "cache='none'")
+        block_length = self.gen_length if self.block_length is None else self.block_length
+        _check(self.gen_length, self.steps, block_length, self.temperature, self.cfg_scale, self.remasking)
+        object.__setattr__(self, "block_length", int(block_length))
+        object.__setattr__(self, "suppress_token_ids", tuple(int(i) for i in self.suppress_token_ids))
+
+    @property
+    def n_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.n_blocks
+
+    @property
+    def until_done(self) -> bool:
+        """Fast-dLLM's rule: no step budget, each block's steps go on until it is done."""
+        return self.threshold is not None and self.threshold_rule == "fast-dllm"
 
 
 @torch.no_grad()
@@ -144,26 +196,17 @@ def generate(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     pixel_values: torch.Tensor | None = None,
+    config: SamplerConfig | None = None,
     *,
-    mask_token_id: int | None = None,
-    gen_length: int,
-    steps: int,
-    block_length: int | None = None,
-    temperature: float = 0.0,
-    cfg_scale: float = 0.0,
-    remasking: str = "low_confidence",
-    suppress_token_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     trace: bool = False,
     callback: Callable[[StepTrace, torch.Tensor], None] | None = None,
     model_kwargs: dict | None = None,
-    cache: str = "none",
-    threshold: float | None = None,
-    refresh_every: int | None = None,
-    threshold_rule: str = "fast-dllm",
+    **settings,
 ) -> DiffusionOutput:
-    """Decode ``gen_length`` tokens after ``input_ids [B, P]`` in ``steps`` denoising steps.
+    """Decode ``config.gen_length`` tokens after ``input_ids [B, P]`` in ``config.steps`` denoising steps.
 
+    ``config``: a ``SamplerConfig``; ``settings`` (its fields as keywords) make one, or override the given one's.
     ``model``: a ``LladaForMaskedDiffusion`` or a LLaVA with a Llada language model (anything called as
     ``model(input_ids=, attention_mask=, [position_ids=], [pixel_values=]).logits -> [B, T, V]``).
     ``mask_token_id`` defaults to the model config's. ``suppress_token_ids`` get -inf logits at the
@@ -173,23 +216,15 @@ def generate(
     ``model_kwargs`` go to the conditional forward (e.g. ``image_sizes``). ``cache`` ("none" | "prefix" |
     "dual"), ``refresh_every``, ``threshold`` and ``threshold_rule``: fast decoding, see the module docstring.
     """
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if threshold is not None:
-        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1:
-            raise ValueError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
-        if remasking != "low_confidence":
-            raise ValueError("threshold compares the model's confidence: it needs remasking='low_confidence'")
-    if threshold_rule not in THRESHOLD_RULES:
-        raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {threshold_rule!r}")
-    until_done = threshold is not None and threshold_rule == "fast-dllm"  # no step budget: loop until the block is done
-    if refresh_every is not None:
-        refresh_every = _int("refresh_every", refresh_every)
-    if cache != "none" and cfg_scale > 0:
-        raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use cache='none'")
-    mask_id = resolve_mask_token_id(model, mask_token_id=mask_token_id)
-    block_length = gen_length if block_length is None else block_length
-    n_blocks, steps_per_block = _check(gen_length, steps, block_length, temperature, cfg_scale, remasking)
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SamplerConfig)})
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword argument(s) {unknown}")
+    cfg = SamplerConfig(**settings) if config is None else dataclasses.replace(config, **settings)
+    gen_length, steps_per_block, n_blocks = cfg.gen_length, cfg.steps_per_block, cfg.n_blocks
+    block_length, temperature, cfg_scale, remasking = cfg.block_length, cfg.temperature, cfg.cfg_scale, cfg.remasking
+    cache, threshold, refresh_every, until_done = cfg.cache, cfg.threshold, cfg.refresh_every, cfg.until_done
+    suppress_token_ids = cfg.suppress_token_ids
+    mask_id = resolve_mask_token_id(model, mask_token_id=cfg.mask_token_id)
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, P], got shape {tuple(input_ids.shape)}")
     B, P = input_ids.shape
