@@ -49,18 +49,18 @@ class LiaMtrConfig:
     "token" (one scalar per token: the paper's "token-wise" gate may mean this).
     """
 
-    d_vision: int
-    d_model: int
-    d_inner: int | None = None  # None = d_model
-    n_scales: int | None = None
-    lambda_min: float = 0.70
-    lambda_max: float = 0.995
-    lambdas: tuple[float, ...] | None = None
-    conv_kernel: int = 4
-    chunk_size: int = 64
-    use_gate: bool = True
-    lambda_spacing: str = "geometric"
-    gate: str = "channel"
+    d_vision: int  # the vision encoder's feature width
+    d_model: int  # the language model's width
+    d_inner: int | None = None  # the retention's width; None = d_model
+    n_scales: int | None = None  # retention timescales; None = 4, or len(lambdas) when lambdas is given
+    lambda_min: float = 0.70  # the shortest memory's decay
+    lambda_max: float = 0.995  # the longest memory's decay
+    lambdas: tuple[float, ...] | None = None  # explicit decays, each in (0, 1) (instead of min / max / spacing)
+    conv_kernel: int = 4  # causal depthwise conv width over tokens; 0 = none
+    chunk_size: int = 64  # tokens per chunk of the chunked scan (speed only, not the result)
+    use_gate: bool = True  # False: the write gate is fixed at 1
+    lambda_spacing: str = "geometric"  # "geometric" (log-linear in lambda) | "half_life" (log-linear in half-life)
+    gate: str = "channel"  # "channel" (one gate per channel) | "token" (one scalar per token)
 
     def __post_init__(self) -> None:
         for field in ("d_vision", "d_model"):

@@ -8,6 +8,7 @@ from ..models import load_checkpoint
 from ..train.diffusion import DiffusionRecipe, DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
 from ..world.tasks import VLMDataset
+from .config_options import add_config_options, given_settings
 from .options import (
     data_args,
     nonneg_int,
@@ -19,6 +20,9 @@ from .options import (
     user_data,
 )
 
+# config fields with their own short option
+TRAIN_SHORT = {"steps", "lr", "batch_size", "answer_length", "seed", "max_length", "skip_bad_rows"}
+
 
 def add_parser(sub) -> None:
     df = sub.add_parser("diffusion", help="masked-diffusion VLMs").add_subparsers(dest="diffusion_command",
@@ -29,21 +33,25 @@ def add_parser(sub) -> None:
     start.add_argument("--model", help="a LLaDA-V checkpoint directory to fine-tune")
     data_args(dtr)
     dtr.add_argument("--out", required=True)
-    dtr.add_argument("--steps", type=positive_int, default=2500)
-    dtr.add_argument("--lr", type=positive_float, default=2e-3)
-    dtr.add_argument("--batch-size", type=positive_int, default=16)
-    dtr.add_argument("--answer-length", type=positive_int, default=64, help="generation window (answers cut / eos-filled)")
+    dtr.add_argument("--steps", type=positive_int, help=f"default: {DiffusionTrainConfig.steps}")
+    dtr.add_argument("--lr", type=positive_float, help=f"default: {DiffusionTrainConfig.lr}")
+    dtr.add_argument("--batch-size", type=positive_int, help=f"default: {DiffusionTrainConfig.batch_size}")
+    dtr.add_argument("--answer-length", type=positive_int, help="generation window (answers cut / eos-filled; "
+                     f"default: {DiffusionTrainConfig.answer_length})")
     dtr.add_argument("--seed", type=nonneg_int, default=0)
     training_args(dtr)
+    add_config_options(dtr, "train", DiffusionTrainConfig, skip=TRAIN_SHORT, title="training (--train.FIELD)",
+                       note="every field of keepsight.train.diffusion.DiffusionTrainConfig not set above")
     dtr.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
     source = args.base or args.model
     check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,), inputs=[source, args.data])
-    cfg = DiffusionTrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                               answer_length=args.answer_length, seed=args.seed, skip_bad_rows=args.skip_bad_rows,
-                               max_length=args.max_length)
+    short = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                                   answer_length=args.answer_length).items() if v is not None}
+    cfg = DiffusionTrainConfig(**short, **given_settings(args, "train", DiffusionTrainConfig), seed=args.seed,
+                               skip_bad_rows=args.skip_bad_rows, max_length=args.max_length)
     data = user_data(args)
     if data is None:
         data = VLMDataset(read_samples(args.data), ("describe",), cfg.seed)

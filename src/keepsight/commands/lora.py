@@ -6,6 +6,7 @@ from ..atomic import check_output_dir
 from ..pvm import PVMConfig
 from ..train.lora_control import LoRARecipe, LoRATrainConfig, train_lora_control
 from ..world.tasks import instruct_data
+from .config_options import add_config_options, given_settings
 from .options import (
     data_args,
     nonneg_int,
@@ -16,6 +17,9 @@ from .options import (
     training_args,
     user_data,
 )
+
+PVM_SHORT = {"variant", "layers", "pvm_hidden_size"}  # config fields with their own short option
+TRAIN_SHORT = {"steps", "lr", "batch_size", "seed", "max_length", "skip_bad_rows"}
 
 
 def add_parser(sub) -> None:
@@ -28,18 +32,24 @@ def add_parser(sub) -> None:
     lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
     lt.add_argument("--variant", default="released", choices=["released", "branch"], help="the PVM block to match")
     lt.add_argument("--pvm-hidden-size", type=positive_int, help="the PVM latent width to match (default: PVM's)")
-    lt.add_argument("--steps", type=positive_int, default=600)
-    lt.add_argument("--lr", type=positive_float, default=1e-3)
-    lt.add_argument("--batch-size", type=positive_int, default=16)
+    lt.add_argument("--steps", type=positive_int, help=f"default: {LoRATrainConfig.steps}")
+    lt.add_argument("--lr", type=positive_float, help=f"default: {LoRATrainConfig.lr}")
+    lt.add_argument("--batch-size", type=positive_int, help=f"default: {LoRATrainConfig.batch_size}")
     lt.add_argument("--seed", type=nonneg_int, default=0)
     training_args(lt)
+    add_config_options(lt, "pvm", PVMConfig, skip=PVM_SHORT, title="the PVM block to match (--pvm.FIELD)",
+                       note="every field of keepsight.pvm.PVMConfig not set above")
+    add_config_options(lt, "train", LoRATrainConfig, skip=TRAIN_SHORT, title="training (--train.FIELD)",
+                       note="every field of keepsight.train.lora_control.LoRATrainConfig not set above")
     lt.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(LoRARecipe.kind,), inputs=[args.model, args.data])
-    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size)
-    cfg = LoRATrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
+                        **given_settings(args, "pvm", PVMConfig))
+    short = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_size=args.batch_size).items() if v is not None}
+    cfg = LoRATrainConfig(**short, **given_settings(args, "train", LoRATrainConfig), seed=args.seed,
                           max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     own = user_data(args)
     data = instruct_data(read_samples(args.data), args.seed) if own is None else own

@@ -15,6 +15,7 @@ from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..train.rewards import load_reward
 from ..world.grpo import GRPO_TASKS, world_grpo_data
 from ..world.tasks import instruct_data
+from .config_options import add_config_options, given_settings, option_names
 from .options import (
     data_args,
     nonneg_float,
@@ -26,6 +27,11 @@ from .options import (
     training_args,
     user_data,
 )
+
+# config fields that have their own short option above (--layers, --steps, ...)
+PVM_SHORT = {"variant", "layers", "pvm_hidden_size", "heads", "gate"}
+TRAIN_SHORT = {"steps", "lr", "gate_lr", "batch_size", "seed", "max_length", "skip_bad_rows", "beta", "num_generations",
+               "prompts_per_step", "max_completion_length", "trainable"}
 
 
 def add_parser(sub) -> None:
@@ -64,6 +70,12 @@ def add_parser(sub) -> None:
                     f"last assistant turn ({' | '.join(KINDS)}), or module:function (TRL's reward signature)")
     pt.add_argument("--seed", type=nonneg_int, default=0)
     training_args(pt)
+    add_config_options(pt, "pvm", PVMConfig, skip=PVM_SHORT, title="sft: the PVM block (--pvm.FIELD)",
+                       note="every field of keepsight.pvm.PVMConfig not set above")
+    add_config_options(pt, "sft", PVMTrainConfig, skip=TRAIN_SHORT, title="sft: training (--sft.FIELD)",
+                       note="every field of keepsight.train.pvm_sft.PVMTrainConfig not set above")
+    add_config_options(pt, "grpo", GRPOTrainConfig, skip=TRAIN_SHORT, title="grpo: training (--grpo.FIELD)",
+                       note="every field of keepsight.train.pvm_grpo.GRPOTrainConfig not set above")
     pt.set_defaults(func=run_train)
 
     pc = pv.add_parser("convert", help="between keepsight's adapter files and the released PVM checkpoint layout")
@@ -108,10 +120,12 @@ def run_train(args) -> int:
     if args.stage == "grpo":
         if not args.init:
             raise ValueError("--stage grpo needs --init: the stage-1 adapter directory it starts from")
+        _refuse_other_stage(args, "grpo")
         make = GRPOTrainConfig.released if args.recipe == "released" else GRPOTrainConfig
-        given = {k: v for k, v in dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, beta=args.beta,
-                                       num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
-                                       trainable=args.trainable).items() if v is not None}
+        short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, beta=args.beta,
+                     num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
+                     trainable=args.trainable)
+        given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "grpo", GRPOTrainConfig)}
         cfg = make(**given, seed=args.seed, max_completion_length=args.max_completion_length,
                    max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
         if own is None:
@@ -130,14 +144,15 @@ def run_train(args) -> int:
         return 0
     if args.init:
         raise ValueError("--init is for --stage grpo; stage 1 (sft) starts a new adapter")
+    _refuse_other_stage(args, "sft")
     branch = {k: v for k, v in (("heads", args.heads), ("gate", args.gate)) if v is not None}
     pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
-                        **branch)
+                        **branch, **given_settings(args, "pvm", PVMConfig))
     if args.trainable:
         raise ValueError("--trainable is for --stage grpo; stage 1 (sft) trains the PVM blocks only")
     make = PVMTrainConfig.released if args.recipe == "released" else PVMTrainConfig
-    given = {k: v for k, v in dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr,
-                                   batch_size=args.batch_size).items() if v is not None}
+    short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size)
+    given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "sft", PVMTrainConfig)}
     train_cfg = make(**given, seed=args.seed, max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     data = instruct_data(samples, args.seed) if own is None else own
     summary = train_pvm_sft(args.model, data, args.out, pvm_cfg, train_cfg,
@@ -147,3 +162,13 @@ def run_train(args) -> int:
     print_gates(summary["after"])
     print(f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; adapter in {args.out}")
     return 0
+
+
+def _refuse_other_stage(args, stage: str) -> None:
+    """The generated options of the other stage (and the block's, for grpo) are errors naming them."""
+    other = {"grpo": [("sft", PVMTrainConfig), ("pvm", PVMConfig)], "sft": [("grpo", GRPOTrainConfig)]}[stage]
+    for prefix, cls in other:
+        given = given_settings(args, prefix, cls)
+        if given:
+            where = "--stage grpo" if prefix == "grpo" else "--stage sft"
+            raise ValueError(f"{option_names(prefix, given)} apply to {where}; this run is --stage {stage}")

@@ -46,6 +46,14 @@ class BridgeTrainConfig(TrainOptions):
         if self.phase not in (1, 2):
             raise ValueError(f"phase must be 1 or 2, got {self.phase}")
 
+    @classmethod
+    def for_phase(cls, phase: int, **overrides) -> BridgeTrainConfig:
+        """The phase's defaults (phase 2: 4,000 steps, the world base's instruct budget) with ``overrides``."""
+        return cls(phase=phase, **{**PHASE_DEFAULTS.get(phase, {}), **overrides})
+
+
+PHASE_DEFAULTS = {2: {"steps": 4000}}  # what differs from the dataclass defaults in phase 2
+
 
 class BridgeRecipe(Recipe):
     """Phase 1: ``init()`` (or the checkpoint in ``model_dir``) with a fresh bridge; phase 2: a phase-1 output."""

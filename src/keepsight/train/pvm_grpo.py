@@ -58,7 +58,7 @@ class GRPOTrainConfig(TrainOptions):
     num_generations: int = 4  # completions per prompt (the group)
     prompts_per_step: int = 4  # the batch is prompts_per_step * num_generations completions
     max_completion_length: int | None = None  # default: the data's (GRPOData.max_completion_length)
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling temperature of the completions
     top_p: float = 1.0  # nucleus sampling of the completions
     loss_type: str = "dapo"  # TRL's GRPO loss aggregation ("grpo" | "bnpo" | "dr_grpo" | "dapo": TRL's default)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length carry no loss

@@ -1,0 +1,134 @@
+"""Command-line options generated from the config dataclasses: every field of every training config is reachable
+from its command (a short option or ``--<prefix>.<field>``), shown by ``--help`` with its comment and default, reaches
+the config, is checked by it, and is refused where it does not apply."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from keepsight.bridge import LiaMtrConfig
+from keepsight.cli import build_parser, main
+from keepsight.commands import bridge as bridge_command
+from keepsight.commands import pvm as pvm_command
+from keepsight.commands.config_options import field_comments
+from keepsight.pvm import PVMConfig
+from keepsight.train.bridge import BridgeTrainConfig
+from keepsight.train.diffusion import DiffusionTrainConfig
+from keepsight.train.lora_control import LoRATrainConfig
+from keepsight.train.pvm_grpo import GRPOTrainConfig
+from keepsight.train.pvm_sft import PVMTrainConfig
+
+# command -> [(prefix, config class, fields set elsewhere: the model's widths, derived ones)]
+CONFIGS = {
+    ("pvm", "train"): [("pvm", PVMConfig, set()), ("sft", PVMTrainConfig, set()), ("grpo", GRPOTrainConfig, set())],
+    ("lora", "train"): [("pvm", PVMConfig, set()), ("train", LoRATrainConfig, set())],
+    ("diffusion", "train"): [("train", DiffusionTrainConfig, set())],
+    ("bridge", "train"): [("train", BridgeTrainConfig, {"bridge_options"}),
+                          ("lia_mtr", LiaMtrConfig, {"d_vision", "d_model"})],
+}
+
+
+class Captured(ValueError):
+    pass
+
+
+def _leaf(command):
+    parser = build_parser()
+    for name in command:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("command", list(CONFIGS), ids=" ".join)
+def test_every_config_field_is_an_option_with_its_comment_and_default(command):
+    parser = _leaf(command)
+    dests = {a.dest: a for a in parser._actions}
+    for prefix, cls, elsewhere in CONFIGS[command]:
+        comments = field_comments(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init or f.name in elsewhere:
+                continue
+            generated = dests.get(f"config__{prefix}__{f.name}")
+            assert generated is not None or f.name in dests, f"{' '.join(command)}: {cls.__name__}.{f.name}"
+            if generated is not None:
+                assert generated.option_strings[0] == f"--{prefix}.{f.name}"
+                assert "(default: " in generated.help and comments.get(f.name, "") in generated.help
+    text = parser.format_help()
+    assert all(f"--{prefix}." in text for prefix, _, _ in CONFIGS[command])
+
+
+def test_comments_become_help():
+    assert field_comments(PVMConfig)["normalize_v"].startswith('"rms": V goes through an RMSNorm')
+    assert field_comments(GRPOTrainConfig)["warmup_ratio"].startswith("linear warm-up")  # from the base class
+    help_text = _leaf(("pvm", "train")).format_help()
+    assert "--pvm.normalize_v NORMALIZE_V" in help_text and "--pvm.key_proj, --no-pvm.key_proj" in help_text
+
+
+@pytest.fixture
+def world(tmp_path, capsys):
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2", "--seed", "1"]) == 0
+    (tmp_path / "m").mkdir()
+    capsys.readouterr()
+    return tmp_path
+
+
+def _capture(monkeypatch, module, name):
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen["args"], seen["kwargs"] = args, kwargs
+        raise Captured("captured")
+
+    monkeypatch.setattr(module, name, fake)
+    return seen
+
+
+def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
+    seen = _capture(monkeypatch, pvm_command, "train_pvm_sft")
+    argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"),
+            "--variant", "branch", "--pvm.normalize_v", "rms", "--no-pvm.silence_visual", "--sft.warmup_ratio", "0.2",
+            "--steps", "7"]
+    assert main(argv) == 2 and "captured" in capsys.readouterr().err
+    _, _, _, pvm_cfg, train_cfg = seen["args"]
+    assert (pvm_cfg.normalize_v, pvm_cfg.silence_visual, pvm_cfg.key_proj) == ("rms", False, False)
+    assert (train_cfg.warmup_ratio, train_cfg.steps, train_cfg.lr) == (0.2, 7, PVMTrainConfig.lr)
+
+    seen = _capture(monkeypatch, bridge_command, "train_bridge")
+    argv = ["bridge", "train", "--phase", "1", "--model", str(world / "m"), "--data", str(world / "w"), "--out",
+            str(world / "b"), "--lia_mtr.gate", "token", "--lia_mtr.lambdas", "0.5", "0.9"]
+    assert main(argv) == 2 and "captured" in capsys.readouterr().err
+    cfg = seen["args"][3]
+    assert cfg.bridge_options == {"gate": "token", "lambdas": (0.5, 0.9)} and cfg.steps == BridgeTrainConfig.steps
+    argv = ["bridge", "train", "--phase", "2", "--model", str(world / "m"), "--data", str(world / "w"), "--out",
+            str(world / "b")]
+    assert main(argv) == 2 and "captured" in capsys.readouterr().err
+    assert seen["args"][3].steps == 4000  # phase 2's own default
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--grpo.top_p", "0.5"], "--grpo.top_p apply to --stage grpo; this run is --stage sft"),
+    (["--sft.warmup_ratio", "2"], "warmup_ratio must be in [0, 1), got 2.0"),
+    (["--pvm.normalize_v", "l2"], "normalize_v"),
+])
+def test_generated_options_are_checked_and_refused_where_they_do_not_apply(world, capsys, extra, message):
+    argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"), *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_values_are_argparse_errors_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["pvm", "train", "--model", "m", "--data", "d", "--out", "o", "--pvm.dropout",
+                                   "much"])
+    assert e.value.code == 2
+    assert "argument --pvm.dropout: expected float, got 'much'" in capsys.readouterr().err
+
+
+def test_lia_mtr_options_need_phase_one_and_lia_mtr(world, capsys):
+    base = ["bridge", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "b")]
+    assert main([*base, "--phase", "2", "--lia_mtr.gate", "token"]) == 2
+    assert "--lia_mtr.gate set the LIA-MTR projector of phase 1 with --bridge lia_mtr" in capsys.readouterr().err
+    assert main([*base, "--phase", "1", "--lia_mtr.lambda_spacing", "linear"]) == 2
+    assert "lambda_spacing" in capsys.readouterr().err
