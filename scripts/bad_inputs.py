@@ -906,7 +906,7 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
                           "--out cases cannot be tested")
     except PermissionError:
         fx["RO"] = ro
-    # COCO-style captions + annotations (the layout of tests/test_coco_chair.py)
+    # COCO-style captions + annotations (the layout of tests/metrics/test_coco_chair.py)
     coco = root / "coco"
     ann = coco / "annotations"
     ann.mkdir(parents=True)

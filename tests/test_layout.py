@@ -142,3 +142,14 @@ def test_readme_module_table_matches_the_packages():
     listed = set(re.findall(r"^\| `keepsight\.([a-z_]+)`", readme, flags=re.M))
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert listed == packages, f"README lists {sorted(listed - packages)} that do not exist; misses {sorted(packages - listed)}"
+
+
+def test_tests_mirror_the_packages():
+    """``tests/<package>/`` for a package's tests; only cross-cutting tests (demo, README, layout, determinism,
+    configs, properties) and shared helpers sit at the top."""
+    tests = SRC.parents[1] / "tests"
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders - {"fixtures", "lmms"} <= packages, f"test folders without a package: {folders - packages}"
+    top = {p.stem for p in tests.glob("test_*.py")}
+    assert top <= {"test_demo", "test_readme", "test_layout", "test_determinism", "test_configs", "test_properties"}, top

@@ -1,6 +1,6 @@
 """Parity fixtures for Fast-dLLM's confidence-threshold decoding: runs the authors' ``generate`` (github.com/NVlabs/
 Fast-dLLM, ``llada/generate.py``: the plain loop, no cache) on a tiny LLaDA built from keepsight's config, and writes
-the tokens and forward counts to ``tests/fixtures/reference/fast_dllm/`` for ``tests/test_fast_dllm_reference.py``.
+the tokens and forward counts to ``tests/fixtures/reference/fast_dllm/`` for ``tests/diffusion/test_fast_dllm_reference.py``.
 
     python scripts/reference/fastdllm_threshold.py --fast-dllm /path/to/Fast-dLLM --mpd-pac /path/to/MPD-PAC \\
         --llada-v /path/to/LLaDA-V

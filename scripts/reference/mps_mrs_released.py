@@ -1,6 +1,6 @@
 """Parity fixtures for Mask Prior Suppression, Monotonic RoPE Scaling and LLaDA-V's prompt as released: runs the
 authors' code under its own transformers on a tiny LLaDA built from keepsight's config, and writes what it computed
-to ``tests/fixtures/reference/mps_mrs/`` for ``tests/test_mps_mrs_reference.py``.
+to ``tests/fixtures/reference/mps_mrs/`` for ``tests/diffusion/test_mps_mrs_reference.py``.
 
     python scripts/reference/mps_mrs_released.py --mpd-pac /path/to/MPD-PAC --llada-v /path/to/LLaDA-V
 

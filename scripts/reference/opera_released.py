@@ -1,6 +1,6 @@
 """Parity fixtures for OPERA as released (github.com/shikiw/OPERA, commit 61426ef): runs the authors'
 ``opera_beam_search`` under its own transformers (4.29.2) on a tiny LLaVA-1.5-layout model built from keepsight's
-config, and writes what it computed to ``tests/fixtures/reference/opera/`` for ``tests/test_opera.py``.
+config, and writes what it computed to ``tests/fixtures/reference/opera/`` for ``tests/baselines/test_opera.py``.
 
     python scripts/reference/opera_released.py --opera /path/to/OPERA   # a checkout (or bare clone) of shikiw/OPERA
 

@@ -1,6 +1,6 @@
 """Parity fixtures for PVM as released (github.com/huaixuheqing/PVM, commit 8d784fe): runs the authors' modeling file
 under its own transformers (4.57) on a tiny Qwen3-VL built from keepsight's config, and writes what it computed to
-``tests/fixtures/reference/pvm/`` for ``tests/test_pvm_reference.py``.
+``tests/fixtures/reference/pvm/`` for ``tests/pvm/test_pvm_reference.py``.
 
     python scripts/reference/pvm_released.py --reference /path/to/PVM   # a checkout (or bare clone) of huaixuheqing/PVM
 

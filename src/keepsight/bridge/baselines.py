@@ -80,7 +80,7 @@ class LinearAttentionBridge(nn.Module):
         y_t = W_o( q_t * sum_{j <= t} k_j * v_j ),  q, k = ELU + 1.
 
     Its scan is LIA-MTR's with S = 1, lambda = 1 and alpha = 1, but it puts ELU + 1 on q too, so the bridge is
-    not LIA-MTR's Lemma-2 special case (which keeps q linear; see tests/test_paper_lia_mtr.py).
+    not LIA-MTR's Lemma-2 special case (which keeps q linear; see tests/bridge/test_paper_lia_mtr.py).
     """
 
     def __init__(self, d_vision: int, d_model: int, d_inner: int | None = None, chunk_size: int = 64) -> None:

@@ -104,7 +104,7 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
                          "command": command})
     rows.append({"claim": "PVM adds about 0.32% parameters to Qwen3-VL-8B (3 released blocks, pvm_hidden_size 512)",
                  "paper": "0.32%", "ours": "0.32% (27.92M of 8.76B)", "verdict": "reproduced",
-                 "command": "pytest -s tests/test_pvm_released.py -k qwen3vl_8b"})
+                 "command": "pytest -s tests/pvm/test_pvm_released.py -k qwen3vl_8b"})
     if "bridge" in results:
         arms = list(results["bridge"]["arms"])
         lia = next((a for a in arms if a.endswith("_phase2") and not a.startswith("mlp")), None)

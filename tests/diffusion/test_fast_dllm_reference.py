@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from keepsight.diffusion import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "fast_dllm"
 sys.path.insert(0, str(ROOT / "scripts" / "reference"))
 import fastdllm_threshold as gen  # noqa: E402  (the generator's tiny model and prompt, rebuilt here)

@@ -33,7 +33,7 @@ from keepsight.baselines.opera import OPERA, OPERAConfig, opera_beam_search
 from keepsight.data import Sample, padding_side, render_prompt
 from keepsight.world.models import PRESETS, build_model, preset_processor, qwen3vl_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "opera"
 sys.path.insert(0, str(ROOT / "scripts" / "reference"))
 import opera_released as gen  # noqa: E402  (the generator's tiny model and prompt, rebuilt here)

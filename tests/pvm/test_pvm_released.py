@@ -15,13 +15,13 @@ import math
 
 import pytest
 import torch
+from test_probes import PRESETS, PROMPTS, tiny_inputs
 from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from keepsight.data import chat_example
 from keepsight.pvm import PVMConfig, PVMMemoryBlock, attach_pvm, pvm_memory, pvm_parameters
 from keepsight.world import generate, render, world_config
 from keepsight.world.models import build_model, preset_processor
-from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 
 def _rms(x, eps, weight=None):

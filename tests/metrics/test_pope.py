@@ -25,7 +25,7 @@ from keepsight.metrics.pope import (
     write_questions_jsonl,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pope"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pope"
 
 # ----------------------------------------------------------------------------- a tiny COCO
 

@@ -20,9 +20,9 @@ Tests:
 - test_lemma1_closed_form_from_a_carried_state.
 - test_lemma2_*: the exact sense in which the reduction holds (see the docstrings).
 - test_theorem2_*: the bound per scale on adversarial inputs, and its tightness.
-- test_probe_equals_gate_and_mixer_statistics: replaces tests/test_bridge.py::test_probe.
+- test_probe_equals_gate_and_mixer_statistics: replaces tests/bridge/test_bridge.py::test_probe.
 - test_100k_tokens_finite_and_tail_equals_loop_from_carried_state: replaces
-  tests/test_ops.py::test_long_sequence_is_fast (same value checks, no wall-clock assertion).
+  tests/ops/test_ops.py::test_long_sequence_is_fast (same value checks, no wall-clock assertion).
 """
 
 from __future__ import annotations
@@ -379,7 +379,7 @@ def test_probe_equals_gate_and_mixer_statistics(use_gate):
 
 
 # ----------------------------------------------------------------------------- long sequences (replaces
-# tests/test_ops.py::test_long_sequence_is_fast, without its wall-clock assertion)
+# tests/ops/test_ops.py::test_long_sequence_is_fast, without its wall-clock assertion)
 
 
 def test_100k_tokens_finite_and_tail_equals_loop_from_carried_state():

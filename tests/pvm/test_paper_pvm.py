@@ -24,10 +24,10 @@ import math
 
 import pytest
 import torch
+from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 from keepsight.pvm import PVMBranch, PVMConfig, attach_pvm, pvm_memory
 from keepsight.world.models import build_model
-from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 
 def pvm_reference(x, V, visual_mask, text_mask, W_down, W_down_v, W_up, gate, heads, v_norm_weight=None, W_key=None,

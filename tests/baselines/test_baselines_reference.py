@@ -6,7 +6,7 @@ tokens cut (-inf) and, for MemVR, the same trigger and memory layers per forward
 image (its noise comes from the global RNG, ours from a per-image generator; the schedule is checked separately).
 DeCo has no public code: no fixture. Limits, from the fixture's notes: every method's greedy tokens equal the plain
 ones here (the methods move the logits, not the argmax), so the feeding back of a method's own tokens is covered by
-the formula twins in ``tests/test_baselines.py``, not here."""
+the formula twins in ``tests/baselines/test_baselines.py``, not here."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from keepsight.baselines import build_baseline
 from keepsight.baselines import vcd as vcd_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "baselines"
 sys.path.insert(0, str(ROOT / "scripts" / "reference"))
 import mps_mrs_released as digests  # noqa: E402  (the fixtures' state digest)

@@ -19,7 +19,7 @@ from keepsight.pvm.layout import BLOCK_KEY
 from keepsight.world.models import build_model
 from keepsight.world.processor import build_processor
 
-FIXTURES = Path(__file__).parent / "fixtures" / "reference" / "pvm"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "pvm"
 
 
 def state_digest(state: dict) -> str:

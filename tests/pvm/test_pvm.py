@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 from keepsight.pvm import (
     PVMConfig,
@@ -14,7 +15,6 @@ from keepsight.pvm import (
     strided_layers,
 )
 from keepsight.world.models import build_model
-from test_probes import PRESETS, PROMPTS, tiny_inputs
 
 
 def _set_gates(model, value: float) -> None:

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_coco_chair import CAPTIONS, _write_coco, _write_jsonl
 
 from keepsight.cli import main
 from keepsight.models import load_checkpoint, load_llada_v
-from test_coco_chair import CAPTIONS, _write_coco, _write_jsonl
 from tiny_checkpoints import save_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,7 +21,7 @@ from keepsight.diffusion import MaskPriorSuppression, MonotonicRoPEScaling, gene
 from keepsight.models import load_checkpoint
 from tiny_checkpoints import save_tiny_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "mps_mrs"
 sys.path.insert(0, str(ROOT / "scripts" / "reference"))
 import mps_mrs_released as gen  # noqa: E402  (the generator's tiny model and prompt, rebuilt here)
