@@ -9,13 +9,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from keepsight.determinism import DEFAULT_THREADS, configured  # noqa: E402
-from keepsight.world import generate, world_config  # noqa: E402
+from keepsight.world import generate_scenes, world_config  # noqa: E402
 from keepsight.world.tasks import WorldSamples  # noqa: E402
 from test_determinism import PINS, _pinned_environment, stage_hashes  # noqa: E402
 
 if __name__ == "__main__":
     cfg = world_config()
-    samples = WorldSamples.from_scenes(cfg, generate(cfg, 48, seed=0))
+    samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 48, seed=0))
     with tempfile.TemporaryDirectory() as tmp, configured(DEFAULT_THREADS) as env:
         hashes = stage_hashes(Path(tmp) / "base", samples)
     PINS.write_text(json.dumps({"environment": _pinned_environment(env), "stages": hashes}, indent=2) + "\n")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from keepsight.determinism import DEFAULT_THREADS, configured, environment, weights_digest
 from keepsight.train.trainer import last_complete_checkpoint
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.base import STAGES, StageConfig, TrainConfig, train_stage
 from keepsight.world.tasks import WorldSamples
 
@@ -42,7 +42,7 @@ def stage_hashes(out: Path, samples, stop_after: int | None = None) -> dict[str,
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 48, seed=0))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 48, seed=0))
 
 
 @pytest.fixture(scope="module")

@@ -98,13 +98,13 @@ def keepsight_model():
 def keepsight_inputs():
     """The describe prompt with one world image, through the preset's ``LlavaProcessor``."""
     from keepsight.data import chat_example
-    from keepsight.world import generate, render, world_config
+    from keepsight.world import generate_scenes, render, world_config
     from keepsight.world.models import preset_processor
     from keepsight.world.texts import DESCRIBE_PROMPT
 
     proc = preset_processor(PRESET)
     cfg = world_config()
-    image = render(generate(cfg, WORLD_INDEX + 1, seed=WORLD_SEED)[WORLD_INDEX], cfg.noise_std)
+    image = render(generate_scenes(cfg, WORLD_INDEX + 1, seed=WORLD_SEED)[WORLD_INDEX], cfg.noise_std)
     text = chat_example(proc, DESCRIBE_PROMPT)
     return text, proc(text=[text], images=[image], return_tensors="pt")
 
@@ -301,12 +301,12 @@ def main() -> None:
 
 REBUILD = [
     "from keepsight.world.processor import build_tokenizer; from keepsight.world.models import build_model, "
-    "preset_processor; from keepsight.world import generate, render, world_config; from keepsight.data import "
+    "preset_processor; from keepsight.world import generate_scenes, render, world_config; from keepsight.data import "
     "chat_example; from keepsight.world.texts import DESCRIBE_PROMPT",
     "tok = build_tokenizer(); model = build_model('tiny-llava-1.5', tok, seed=0)  # state digest == built_digest",
     "with torch.no_grad(): model.lm_head.weight.mul_(10.0)  # lm_head_scale; state digest == state_digest",
     "proc = preset_processor('tiny-llava-1.5'); cfg = world_config(); "
-    "image = render(generate(cfg, 1, seed=0)[0], cfg.noise_std)",
+    "image = render(generate_scenes(cfg, 1, seed=0)[0], cfg.noise_std)",
     "inputs = proc(text=[chat_example(proc, DESCRIBE_PROMPT)], images=[image], return_tensors='pt')  # == "
     "inputs.safetensors input_ids / attention_mask / pixel_values",
     "digest: sha256 over sorted state-dict keys of key.encode() then the tensor's bytes (contiguous, cpu, viewed "

@@ -47,7 +47,7 @@ from .train.pvm_grpo import GRPOTrainConfig
 from .train.pvm_sft import PVMTrainConfig
 from .world.base import BASE_RECIPE, StageConfig, TrainConfig, train_base
 from .world.config import WorldConfig, world_config
-from .world.dataset import generate
+from .world.dataset import generate_scenes
 from .world.render import png_bytes
 from .world.tasks import INSTRUCT_TASKS, WorldSamples
 from .world.texts import description
@@ -198,9 +198,9 @@ def log(msg: str) -> None:
 
 def _eval_sets(profile: DemoProfile) -> EvalSets:
     cfg = profile.world
-    eval_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_eval, seed=EVAL_SEED))
+    eval_set = WorldSamples.from_scenes(cfg, generate_scenes(cfg, profile.n_eval, seed=EVAL_SEED))
     k = profile.dilution_objects or cfg.max_objects
-    dil_set = WorldSamples.from_scenes(cfg, generate(cfg, profile.n_dilution, seed=DILUTION_SEED, n_objects=k))
+    dil_set = WorldSamples.from_scenes(cfg, generate_scenes(cfg, profile.n_dilution, seed=DILUTION_SEED, n_objects=k))
     return EvalSets(eval_set, dil_set, WorldSamples(cfg, dil_set.scenes[:32], dil_set.images[:32]))
 
 
@@ -428,4 +428,4 @@ def reproduce(profile_name: str = "full", against: str | Path | None = None, thr
 
 
 def _training_scenes(profile: DemoProfile) -> WorldSamples:
-    return WorldSamples.from_scenes(profile.world, generate(profile.world, profile.n_train, seed=TRAIN_SEED))
+    return WorldSamples.from_scenes(profile.world, generate_scenes(profile.world, profile.n_train, seed=TRAIN_SEED))

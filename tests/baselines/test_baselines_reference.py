@@ -38,7 +38,7 @@ def meta():
 @pytest.fixture(scope="module")
 def setup(meta):
     from keepsight.data import chat_example
-    from keepsight.world import generate, render, world_config
+    from keepsight.world import generate_scenes, render, world_config
     from keepsight.world.models import build_model, preset_processor
     from keepsight.world.processor import build_tokenizer
     from keepsight.world.texts import DESCRIBE_PROMPT
@@ -51,7 +51,7 @@ def setup(meta):
         "weights the references ran on: regenerate the fixtures (scripts/reference/baselines_released.py)"
     proc = preset_processor(meta["preset"])
     cfg = world_config()
-    image = render(generate(cfg, 1, seed=0)[0], cfg.noise_std)
+    image = render(generate_scenes(cfg, 1, seed=0)[0], cfg.noise_std)
     enc = proc(text=[chat_example(proc, DESCRIBE_PROMPT)], images=[image], return_tensors="pt")
     stored = load_file(FIXTURES / "inputs.safetensors")
     for k in ("input_ids", "attention_mask", "pixel_values"):

@@ -3,7 +3,7 @@ import torch
 
 from keepsight.bridge.swap import LlavaBridgeForConditionalGeneration, replace_projector
 from keepsight.data import chat_example
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.models import build_model
 from keepsight.world.tasks import WorldSamples
 from keepsight.world.texts import DESCRIBE_PROMPT
@@ -13,7 +13,7 @@ from tiny_checkpoints import load_vlm
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 8, seed=0))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 8, seed=0))
 
 
 def _inputs(processor, samples, n=2):

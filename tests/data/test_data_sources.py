@@ -11,15 +11,15 @@ from PIL import Image
 from keepsight.data import HFSource, LlavaSource, export_llava, open_dataset, preflight
 from keepsight.data import sources as sources_module
 from keepsight.train.pvm_grpo import GRPOData
-from keepsight.train.rewards import answer_reward
-from keepsight.world import generate, world_config
+from keepsight.train.rewards import match_reward
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.tasks import VLMDataset, WorldSamples
 
 
 @pytest.fixture(scope="module")
 def world_items():
     cfg = world_config()
-    samples = WorldSamples.from_scenes(cfg, generate(cfg, 3, seed=5))
+    samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 3, seed=5))
     return VLMDataset(samples, ("caption", "yes_no", "chat"), seed=0, yes_no_categories=1, max_turns=4)
 
 
@@ -184,12 +184,12 @@ def test_grpo_on_data_without_answers_is_refused(tmp_path):
     rows = [{"id": "q", "image": "ok.png", "conversations": [{"from": "human", "value": "<image> q"}]}]
     src, _ = preflight(open_dataset(_bad(tmp_path, rows)), need_answers=False)
     with pytest.raises(ValueError, match=r"row 0 \(id q\): no assistant turn .* GRPO"):
-        GRPOData.from_samples(src, [answer_reward("exact")])
+        GRPOData.from_samples(src, [match_reward("exact")])
 
 
 def test_grpo_data_from_samples_keeps_history_and_reference(llava_json):
     src = open_dataset(llava_json)
-    data = GRPOData.from_samples(src, [answer_reward("exact")])
+    data = GRPOData.from_samples(src, [match_reward("exact")])
     chat = next(i for i in range(len(src)) if len(src[i].messages) > 2)
     row = data.dataset[chat]
     # Arrow gives every content part both keys (an image part's text is None); chat templates read the type

@@ -8,7 +8,7 @@ import torch
 
 from keepsight.data import VLMCollator
 from keepsight.metrics import mean_ci, paired_bootstrap, separated, wilson
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.dialog import PROBE_CATEGORIES, conversation, history_probe, question_pool
 from keepsight.world.evaluate import evaluate_history
 from keepsight.world.models import build_model
@@ -18,7 +18,7 @@ from keepsight.world.tasks import VLMDataset, WorldSamples, chat_sample
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 6, seed=4))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 6, seed=4))
 
 
 def test_history_probe_is_deterministic_and_never_asks_its_final_category(samples):

@@ -12,7 +12,7 @@ from keepsight.baselines import BASELINES
 from keepsight.data import chat_example
 from keepsight.inference import METHODS, Generation, Pipeline, get_method, method_names, register_method
 from keepsight.inference import registry as registry_module
-from keepsight.world import generate, render, world_config
+from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,7 +23,7 @@ QUESTIONS = ["is there a red circle at b3 ?", "describe the image in detail ."]
 @pytest.fixture(scope="module")
 def images():
     cfg = world_config()
-    return [render(s, cfg.noise_std) for s in generate(cfg, len(QUESTIONS), seed=0)]
+    return [render(s, cfg.noise_std) for s in generate_scenes(cfg, len(QUESTIONS), seed=0)]
 
 
 @pytest.fixture(scope="module")

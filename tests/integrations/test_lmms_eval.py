@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from keepsight.data import chat_example
 from keepsight.integrations.lmms_eval import KeepsightLMM
-from keepsight.world import generate, render, world_config
+from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,7 +41,7 @@ def visual(doc):
 @pytest.fixture(scope="module")
 def images():
     cfg = world_config()
-    return [render(s, cfg.noise_std) for s in generate(cfg, len(QUESTIONS), seed=0)]
+    return [render(s, cfg.noise_std) for s in generate_scenes(cfg, len(QUESTIONS), seed=0)]
 
 
 @pytest.fixture(scope="module")

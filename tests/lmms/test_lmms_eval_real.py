@@ -90,7 +90,7 @@ def assets(tmp_path_factory):
     import datasets
 
     from keepsight.pvm import PVMConfig, attach_pvm, save_pvm
-    from keepsight.world import generate, render, world_config, yes_no_questions
+    from keepsight.world import generate_scenes, render, world_config, yes_no_questions
     from keepsight.world.models import build_llada_v, build_model
     from keepsight.world.processor import build_processor
 
@@ -110,7 +110,7 @@ def assets(tmp_path_factory):
 
     cfg = world_config()
     rows = {"image": [], "question": [], "answer": []}
-    for scene in generate(cfg, 3, seed=1):
+    for scene in generate_scenes(cfg, 3, seed=1):
         image = render(scene, cfg.noise_std)
         for q in yes_no_questions(scene, cfg)[:2]:
             rows["image"].append(image)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from keepsight.metrics.answers import match, normalise, score_records
-from keepsight.train.rewards import answer_reward, completion_text, load_reward
+from keepsight.train.rewards import completion_text, load_reward, match_reward
 
 
 @pytest.mark.parametrize("kind, answer, reference, ok", [
@@ -55,7 +55,7 @@ def test_score_records_by_category_with_intervals():
 
 
 def test_rewards_read_trl_completions_and_user_functions():
-    reward = answer_reward("exact")
+    reward = match_reward("exact")
     completions = [[{"role": "assistant", "content": "Red."}], "blue", [{"role": "assistant",
                                                                       "content": [{"type": "text", "text": "red"}]}]]
     assert reward(completions, answer=["red", "red", "red"]) == [1.0, 0.0, 1.0]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from keepsight.data import chat_example
-from keepsight.world import description, generate, render, world_config
+from keepsight.world import description, generate_scenes, render, world_config
 from keepsight.world.models import PRESETS, build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.processor import SPECIAL_TOKENS, build_tokenizer
 from keepsight.world.texts import (
@@ -19,7 +19,7 @@ def test_tokenizer_covers_every_world_text_without_unk():
     tok = build_tokenizer()
     for difficulty in ("easy", "default", "hard"):
         cfg = world_config(difficulty)
-        for s in generate(cfg, 40, seed=0):
+        for s in generate_scenes(cfg, 40, seed=0):
             texts = [description(s), caption(s), DESCRIBE_PROMPT, CAPTION_PROMPT]
             texts += [q["question"] for q in yes_no_questions(s, cfg) + open_questions(s)]
             texts += [q[k] for q in open_questions(s) + cell_questions(s, cfg) for k in ("question", "answer")]
@@ -63,7 +63,7 @@ def test_processor_round_trip(processor, tmp_path):
     from transformers import AutoProcessor
 
     cfg = world_config()
-    scenes = generate(cfg, 2, seed=0)
+    scenes = generate_scenes(cfg, 2, seed=0)
     images = [render(s, cfg.noise_std) for s in scenes]
     texts = [chat_example(processor, DESCRIBE_PROMPT, description(s)) for s in scenes]
     enc = processor(text=texts, images=images, return_tensors="pt", padding=True)
@@ -83,7 +83,7 @@ def test_tiny_model_save_reload_same_logits(preset, processor, tmp_path):
     tok = processor.tokenizer
     model = build_model(preset, tok)
     cfg = world_config()
-    images = [render(s, cfg.noise_std) for s in generate(cfg, 2, seed=0)]
+    images = [render(s, cfg.noise_std) for s in generate_scenes(cfg, 2, seed=0)]
     prompt = chat_example(processor, DESCRIBE_PROMPT)
     if get_preset(preset).arch == "llava":
         inputs = preset_processor(preset)(text=[prompt] * 2, images=images, return_tensors="pt")
@@ -122,7 +122,7 @@ def test_llava_15_layout_preset():
     assert model.config.vision_feature_layer == -2 and model.config.vision_feature_select_strategy == "default"
     proc = preset_processor(p)
     cfg = world_config()
-    image = render(generate(cfg, 1, seed=0)[0], cfg.noise_std)
+    image = render(generate_scenes(cfg, 1, seed=0)[0], cfg.noise_std)
     enc = proc(text=[chat_example(proc, DESCRIBE_PROMPT)], images=[image], return_tensors="pt")
     assert int((enc["input_ids"] == tok.image_token_id).sum()) == 16 == model.config.image_seq_length
     with torch.no_grad():

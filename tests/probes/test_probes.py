@@ -4,7 +4,7 @@ import torch
 from keepsight.data import chat_example
 from keepsight.models import check_layers
 from keepsight.probes import LogitLens, VisualAttentionProbe
-from keepsight.world import generate, render, world_config
+from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model, get_preset, preset_processor, qwen3vl_inputs
 from keepsight.world.texts import DESCRIBE_PROMPT
 
@@ -15,7 +15,7 @@ def tiny_inputs(preset, processor, prompts):
     """A left-padded batch (prompts of different lengths) for ``preset``."""
     tok = processor.tokenizer
     cfg = world_config()
-    images = [render(s, cfg.noise_std) for s in generate(cfg, len(prompts), seed=0)]
+    images = [render(s, cfg.noise_std) for s in generate_scenes(cfg, len(prompts), seed=0)]
     texts = [chat_example(processor, p) for p in prompts]
     old, tok.padding_side = tok.padding_side, "left"
     try:

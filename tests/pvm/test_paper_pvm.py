@@ -257,7 +257,7 @@ def test_retrieval_stats_on_a_hand_made_case():
 def test_normalised_v_makes_retrieval_depend_on_the_query(processor):
     """With V at the projector's scale (|V| << |x|) the raw reading retrieves a near-uniform mean; RMS-normalised V
     gives each position its own retrieval (random non-zero weights, gates open)."""
-    from keepsight.pvm import pvm_report
+    from keepsight.pvm import gate_report
 
     model = build_model("tiny-llava", processor.tokenizer)
     inputs = tiny_inputs("tiny-llava", processor, PROMPTS)
@@ -269,7 +269,7 @@ def test_normalised_v_makes_retrieval_depend_on_the_query(processor):
         with torch.no_grad():
             for branch in model.pvm.values():
                 branch.gate.fill_(0.5)
-        reports[option] = pvm_report(model, [inputs])
+        reports[option] = gate_report(model, [inputs])
         from keepsight.pvm import detach_pvm
 
         detach_pvm(model)

@@ -218,13 +218,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(processor):
 
 
 def test_several_images_per_sample_and_text_only_rows(processor):
-    from keepsight.world import generate, render, world_config
+    from keepsight.world import generate_scenes, render, world_config
 
     model = build_model("tiny-llava", processor.tokenizer)
     attach_pvm(model)
     _set_gates(model, 0.5)
     cfg = world_config()
-    images = [render(s, cfg.noise_std) for s in generate(cfg, 2, seed=0)]
+    images = [render(s, cfg.noise_std) for s in generate_scenes(cfg, 2, seed=0)]
     tok = processor.tokenizer
     text = "<bos>user : <image> <image> compare the images . assistant :"
     enc = processor(text=[text], images=[images], return_tensors="pt")

@@ -20,7 +20,7 @@ from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGenera
 
 from keepsight.data import chat_example
 from keepsight.pvm import PVMConfig, PVMMemoryBlock, attach_pvm, pvm_memory, pvm_parameters
-from keepsight.world import generate, render, world_config
+from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model, preset_processor
 
 
@@ -196,7 +196,7 @@ def test_interleaved_generations_keep_their_own_memory(processor):
         for block in model.pvm.values():
             block.gate_alpha.fill_(1.0)
     cfg = world_config()
-    scenes = generate(cfg, 2, seed=5)
+    scenes = generate_scenes(cfg, 2, seed=5)
     proc = preset_processor("tiny-llava")
     a, b = (proc(text=[chat_example(processor, q)], images=[render(s, cfg.noise_std)], return_tensors="pt")
             for q, s in zip(PROMPTS[:2], scenes))

@@ -10,14 +10,14 @@ from keepsight.train.diffusion import (
     MaskedDiffusionObjective,
     train_diffusion,
 )
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.tasks import VLMDataset, WorldSamples
 
 
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 6, seed=0))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 6, seed=0))
 
 
 @pytest.fixture(scope="module")

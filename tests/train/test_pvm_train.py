@@ -4,7 +4,7 @@ from safetensors.torch import load_file
 
 from keepsight.pvm import PVMConfig
 from keepsight.train.pvm_sft import PVMTrainConfig, train_pvm_sft
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.models import build_model
 from keepsight.world.tasks import WorldSamples, instruct_data
 
@@ -21,7 +21,7 @@ def base_dir(tmp_path_factory, processor):
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 12, seed=0))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 12, seed=0))
 
 
 @pytest.mark.parametrize("variant", ["released", "branch"])

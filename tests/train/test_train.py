@@ -5,7 +5,7 @@ import torch
 
 from keepsight.data import IGNORE_INDEX, VLMCollator
 from keepsight.train.trainer import last_complete_checkpoint
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.base import STAGES, StageConfig, TrainConfig, train_base, train_stage
 from keepsight.world.tasks import VLMDataset, WorldSamples
 
@@ -28,7 +28,7 @@ def answer_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor, tokeniz
 @pytest.fixture(scope="module")
 def samples():
     cfg = world_config()
-    return WorldSamples.from_scenes(cfg, generate(cfg, 48, seed=0))
+    return WorldSamples.from_scenes(cfg, generate_scenes(cfg, 48, seed=0))
 
 
 def tiny_train_config(**kw) -> TrainConfig:
@@ -96,7 +96,7 @@ def test_staged_build_trains_and_loads(samples, processor, tmp_path):
     summaries = train_base(tmp_path, tc, samples, stages=STAGES[:3], progress=False)
     assert set(summaries) == {"lm", "vision", "align"}
     assert not (tmp_path / "config.json").exists()  # not finalised before instruct
-    held = WorldSamples.from_scenes(samples.config, generate(samples.config, 8, seed=99))
+    held = WorldSamples.from_scenes(samples.config, generate_scenes(samples.config, 8, seed=99))
     batch = VLMCollator(processor)([VLMDataset(held)[i] for i in range(16)])
     from transformers import LlavaForConditionalGeneration
 

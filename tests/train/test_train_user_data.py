@@ -7,7 +7,7 @@ import pytest
 
 from keepsight.cli import main
 from keepsight.data import export_llava
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.tasks import VLMDataset, WorldSamples
 from tiny_checkpoints import save_tiny_checkpoint
 
@@ -21,7 +21,7 @@ def fixture(tmp_path_factory):
     """A LLaVA-format JSON (captions, yes/no, multi-turn chats) with its images, and the tiny checkpoints."""
     root = tmp_path_factory.mktemp("userdata")
     cfg = world_config()
-    samples = WorldSamples.from_scenes(cfg, generate(cfg, 4, seed=9))
+    samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 4, seed=9))
     data = export_llava(VLMDataset(samples, ("caption", "yes_no", "chat"), 0, yes_no_categories=1, max_turns=3),
                         root / "train.json", root / "images")
     yes_no = export_llava(VLMDataset(samples, ("yes_no",), 0, yes_no_categories=1), root / "yesno.json",

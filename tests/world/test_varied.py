@@ -5,14 +5,14 @@ import numpy as np
 
 from keepsight.metrics import chair
 from keepsight.metrics.parse import parse_description
-from keepsight.world import generate, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.tasks import VLMDataset, WorldSamples
 from keepsight.world.texts import scene_vocabulary, varied_description
 
 
 def test_varied_descriptions_are_deterministic_varied_and_in_the_vocabulary():
     cfg = world_config()
-    scenes = generate(cfg, 40, seed=2)
+    scenes = generate_scenes(cfg, 40, seed=2)
     a = [varied_description(s, np.random.default_rng(7)) for s in scenes]
     b = [varied_description(s, np.random.default_rng(7)) for s in scenes]
     assert a == b
@@ -38,7 +38,7 @@ def test_varied_parser_on_hand_made_cases():
 
 def test_unstated_sizes_are_not_errors_but_not_exact():
     cfg = world_config()
-    scene = generate(cfg, 1, seed=5, n_objects=1)[0]
+    scene = generate_scenes(cfg, 1, seed=5, n_objects=1)[0]
     o = scene.objects[0]
     cell = "abcdefghij"[o.row] + str(o.col + 1)
     r = chair([f"a {o.colour} {o.shape} at {cell} ."], [scene], varied=True)
@@ -47,7 +47,7 @@ def test_unstated_sizes_are_not_errors_but_not_exact():
 
 def test_the_varied_task_in_the_dataset_is_seeded():
     cfg = world_config()
-    samples = WorldSamples.from_scenes(cfg, generate(cfg, 5, seed=1))
+    samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 5, seed=1))
     one, two = VLMDataset(samples, ("describe_varied",), seed=3), VLMDataset(samples, ("describe_varied",), seed=3)
     assert [one[i].answer for i in range(5)] == [two[i].answer for i in range(5)]
     assert [one[i].answer for i in range(5)] != [VLMDataset(samples, ("describe_varied",), seed=4)[i].answer

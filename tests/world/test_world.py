@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from keepsight.world import build_world, description, generate, load_world, parse_description, world_config
+from keepsight.world import (
+    build_world,
+    description,
+    generate_scenes,
+    load_world,
+    parse_description,
+    world_config,
+)
 from keepsight.world.config import DIFFICULTIES, WorldConfig
 from keepsight.world.dataset import read_world
 from keepsight.world.render import png_bytes, render
@@ -38,7 +45,7 @@ def test_same_seed_same_bytes_different_seed_differs(tmp_path):
 
 def test_scene_depends_only_on_seed_and_index():
     cfg = world_config()
-    few, many = generate(cfg, 3, seed=1), generate(cfg, 30, seed=1)
+    few, many = generate_scenes(cfg, 3, seed=1), generate_scenes(cfg, 30, seed=1)
     assert [s.to_json() for s in few] == [s.to_json() for s in many[:3]]
     assert png_bytes(render(few[2], cfg.noise_std)) == png_bytes(render(many[2], cfg.noise_std))
 
@@ -46,7 +53,7 @@ def test_scene_depends_only_on_seed_and_index():
 @pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))
 def test_scenes_respect_config(difficulty):
     cfg = world_config(difficulty)
-    for s in generate(cfg, 60, seed=3):
+    for s in generate_scenes(cfg, 60, seed=3):
         assert cfg.min_objects <= len(s.objects) <= cfg.max_objects
         cells = [o.cell for o in s.objects]
         assert cells == sorted(cells) and len(set(cells)) == len(cells)  # raster order, one per cell
@@ -62,7 +69,7 @@ def test_scenes_respect_config(difficulty):
 
 def test_scene_priors_shape_the_attribute_distribution():
     cfg = world_config(prior_colour=0.8, prior_shape=0.8)
-    objs = [(s, o) for s in generate(cfg, 300, seed=0) for o in s.objects]
+    objs = [(s, o) for s in generate_scenes(cfg, 300, seed=0) for o in s.objects]
     share = sum(o.colour == s.preferred_colour for s, o in objs) / len(objs)
     assert 0.75 < share < 0.85
     share = sum(o.shape == s.preferred_shape for s, o in objs) / len(objs)
@@ -74,7 +81,7 @@ def test_scene_priors_shape_the_attribute_distribution():
 @pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))
 def test_description_parses_back_to_the_scene_graph(difficulty):
     cfg = world_config(difficulty)
-    for s in generate(cfg, 100, seed=11):
+    for s in generate_scenes(cfg, 100, seed=11):
         p = parse_description(description(s))
         assert p.scene == s.scene
         assert p.count == len(s.objects)
@@ -108,7 +115,7 @@ def _truth(s, q: str) -> str:
 
 def test_yes_no_questions_are_true_and_balanced():
     cfg = world_config()
-    for s in generate(cfg, 150, seed=2):
+    for s in generate_scenes(cfg, 150, seed=2):
         qs = yes_no_questions(s, cfg)
         assert [q["category"] for q in qs] == [c for c in YES_NO_CATEGORIES for _ in range(2)]
         assert [q["answer"] for q in qs] == ["yes", "no"] * len(YES_NO_CATEGORIES)
@@ -119,7 +126,7 @@ def test_yes_no_questions_are_true_and_balanced():
 def test_count_questions_are_true_balanced_and_turn_on_the_number():
     cfg = world_config()
     near_seen = set()
-    for s in generate(cfg, 150, seed=2):
+    for s in generate_scenes(cfg, 150, seed=2):
         qs = count_questions(s, cfg)
         assert count_questions(s, cfg) == qs  # deterministic per scene
         assert [q["answer"] for q in qs] == ["yes", "no", "yes", "no"]
@@ -136,7 +143,7 @@ def test_count_questions_are_true_balanced_and_turn_on_the_number():
 
 def test_open_answers_match_scene_graph():
     cfg = world_config()
-    for s in generate(cfg, 50, seed=4):
+    for s in generate_scenes(cfg, 50, seed=4):
         at = {place(o.row, o.col): o for o in s.objects}
         for q in open_questions(s):
             w = q["question"].split()
@@ -152,7 +159,7 @@ def test_open_answers_match_scene_graph():
 
 def test_cell_questions_name_what_is_there():
     cfg = world_config()
-    for s in generate(cfg, 50, seed=5):
+    for s in generate_scenes(cfg, 50, seed=5):
         at = {place(o.row, o.col): o for o in s.objects}
         for q in cell_questions(s, cfg):
             cell = q["question"].split()[3]
@@ -181,7 +188,7 @@ def test_world_config_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="min_objects"):
         WorldConfig(min_objects=0)
     with pytest.raises(ValueError, match="n_objects 13 out of range"):
-        generate(world_config(), 1, seed=0, n_objects=13)
+        generate_scenes(world_config(), 1, seed=0, n_objects=13)
     with pytest.raises(ValueError, match="unknown difficulty"):
         world_config("impossible")
     with pytest.raises(ValueError, match="colours: unknown values"):

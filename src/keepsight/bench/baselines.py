@@ -17,7 +17,7 @@ import torch
 
 from ..data import chat_example, padding_side
 from ..inference import build_method
-from ..world import generate as world_scenes
+from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT

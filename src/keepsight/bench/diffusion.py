@@ -21,7 +21,7 @@ import torch
 
 from ..data import chat_example
 from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, generate
-from ..world import generate as world_scenes
+from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_llada_v
 from ..world.processor import build_processor

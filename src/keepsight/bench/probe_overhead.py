@@ -10,7 +10,7 @@ import torch
 
 from ..data import chat_example
 from ..probes import VisualAttentionProbe
-from ..world import generate, render, world_config
+from ..world import generate_scenes, render, world_config
 from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT
 from . import write_result
@@ -39,7 +39,7 @@ def _time_generate(model, inputs, new_tokens: int, repeats: int, probe: bool) ->
 def run(out: str | Path = "runs/bench", batch: int = 8, new_tokens: int = 128, repeats: int = 3) -> dict:
     processor = preset_processor("tiny-llava")
     cfg = world_config()
-    images = [render(s, cfg.noise_std) for s in generate(cfg, batch, seed=0)]
+    images = [render(s, cfg.noise_std) for s in generate_scenes(cfg, batch, seed=0)]
     inputs = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
     rows = []
     for name, preset in SIZES.items():

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from keepsight.bridge.baselines import (
+from keepsight.bridge.config import LiaMtrConfig, check_visual_tokens
+from keepsight.bridge.lia_mtr import LiaMtrBridge, LiaMtrState
+from keepsight.bridge.projectors import (
     BRIDGE_KINDS,
     AttentionBridge,
     LinearAttentionBridge,
     MLPBridge,
     build_bridge,
 )
-from keepsight.bridge.config import LiaMtrConfig, check_visual_tokens
-from keepsight.bridge.lia_mtr import LiaMtrBridge, LiaMtrState
 from keepsight.bridge.swap import LlavaBridgeConfig, LlavaBridgeForConditionalGeneration, replace_projector
 
 __all__ = [

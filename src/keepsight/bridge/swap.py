@@ -17,7 +17,7 @@ from transformers.conversion_mapping import (
     register_checkpoint_conversion_mapping,
 )
 
-from .baselines import build_bridge
+from .projectors import build_bridge
 
 MODEL_TYPE = "keepsight_llava"
 

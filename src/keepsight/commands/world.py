@@ -13,7 +13,7 @@ from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
 from ..world.base import BASE_KIND, BASE_RECIPE, STAGES, finalize, stage_done, train_base, train_stage
-from ..world.dataset import build_world, check_in_memory, generate
+from ..world.dataset import build_world, check_in_memory, generate_scenes
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
 from ..world.tasks import WorldSamples
@@ -100,7 +100,7 @@ def run_train(args) -> int:
     else:
         cfg = world_from_args(args)
         check_in_memory(cfg, args.n)
-        samples = WorldSamples.from_scenes(cfg, generate(cfg, args.n, seed=args.seed))
+        samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, args.n, seed=args.seed))
     tc = copy.deepcopy(dataclasses.replace(BASE_RECIPE, preset=args.preset, seed=args.seed))  # the demo's recipe
     for stage in STAGES:
         st = getattr(tc, stage)

@@ -44,7 +44,7 @@ from ..models.llada_official import shipped_decoding
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
-from ..world.dataset import generate as world_scenes
+from ..world.dataset import generate_scenes as world_scenes
 from ..world.tasks import VLMDataset, WorldSamples
 from ..world.texts import DESCRIBE_PROMPT
 from .arm import ExperimentContext

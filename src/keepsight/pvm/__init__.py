@@ -13,7 +13,7 @@ from .attach import (
     pvm_disabled,
     pvm_memory,
     pvm_parameters,
-    pvm_report,
+    gate_report,
 )
 from .block import PVMMemoryBlock
 from .config import RELEASED_LAYERS, PVMConfig, strided_layers
@@ -21,5 +21,5 @@ from .io import load_pvm, save_pvm
 from .module import PVMBranch
 
 __all__ = ["RELEASED_LAYERS", "Memory", "PVMBranch", "PVMConfig", "PVMMemoryBlock", "attach_pvm", "build_block",
-           "detach_pvm", "load_pvm", "pvm_disabled", "pvm_memory", "pvm_parameters", "pvm_report", "save_pvm",
+           "detach_pvm", "load_pvm", "pvm_disabled", "pvm_memory", "pvm_parameters", "gate_report", "save_pvm",
            "strided_layers"]

@@ -128,7 +128,7 @@ def pvm_parameters(model: nn.Module):
 
 
 @torch.no_grad()
-def pvm_report(model: nn.Module, batches) -> dict:
+def gate_report(model: nn.Module, batches) -> dict:
     """Per PVM layer, over ``batches`` (model-input dicts): is the branch contributing, and is it looking things
     up? The gate, mean ||PVM output|| / ||FFN output|| at text positions, the retrieval's mean entropy against
     its maximum ln M (equal: a uniform mean-pool of V) and its query dependence (mean total-variation distance

@@ -23,7 +23,7 @@ from ..atomic import write_json
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
 from ..models.arch import arch_info, check_length
-from ..pvm import load_pvm, pvm_report
+from ..pvm import gate_report, load_pvm
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from ..pvm.layout import CHECKPOINT_KIND, save_released
@@ -289,7 +289,7 @@ class PVMGRPORecipe(Recipe):
 
     def _report(self, model) -> dict:
         items = self.data.report_items
-        return pvm_report(model, report_batches(self.trainer.processing_class, items)) if items else {}
+        return gate_report(model, report_batches(self.trainer.processing_class, items)) if items else {}
 
     def before(self, model, processor) -> dict:
         model.eval()

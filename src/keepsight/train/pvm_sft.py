@@ -19,7 +19,7 @@ from ..atomic import write_json
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
-from ..pvm import PVMConfig, attach_pvm, pvm_report, save_pvm
+from ..pvm import PVMConfig, attach_pvm, gate_report, save_pvm
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import main_process_writes, unshard_root
@@ -120,11 +120,11 @@ class PVMSFTRecipe(Recipe):
 
     def before(self, model, processor) -> dict:
         model.eval()
-        return pvm_report(model, self._report_batches(processor))
+        return gate_report(model, self._report_batches(processor))
 
     def summarise(self, model, processor, logs):
         return {"base": str(self.model_dir), "pvm": self.pvm_config.to_dict(),
-                "after": pvm_report(model, self._report_batches(processor))}
+                "after": gate_report(model, self._report_batches(processor))}
 
     def publish(self, model, processor, out, summary):
         publish_adapter(model, out, self.summary_file, summary)

@@ -22,7 +22,7 @@ def completion_text(completion) -> str:
     raise TypeError(f"unexpected completion type {type(completion).__name__}")
 
 
-def answer_reward(kind: str) -> Callable:
+def match_reward(kind: str) -> Callable:
     """A reward of 1 when a completion matches its reference answer under ``kind``, else 0."""
     if kind not in KINDS:
         raise ValueError(f"unknown reward {kind!r}; choose from {KINDS} or give module:function")
@@ -38,7 +38,7 @@ def load_reward(spec: str) -> Callable:
     """``exact`` / ``yesno`` / ``choice`` / ``numeric``, or ``module:function`` (a user's reward with TRL's
     signature, imported from ``module``)."""
     if ":" not in spec:
-        return answer_reward(spec)
+        return match_reward(spec)
     module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)

@@ -32,7 +32,7 @@ def iter_scenes(config: WorldConfig, n: int, seed: int = 0, n_objects: int | Non
         yield sample_scene(config, seed, start + i, n_objects=n_objects)
 
 
-def generate(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0) -> list[Scene]:
+def generate_scenes(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0) -> list[Scene]:
     """Scenes ``start .. start+n-1`` of the world with ``seed`` (each scene depends only on seed and index)."""
     return list(iter_scenes(config, n, seed, n_objects, start))
 
