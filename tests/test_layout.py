@@ -145,11 +145,12 @@ def test_readme_module_table_matches_the_packages():
 
 
 def test_tests_mirror_the_packages():
-    """``tests/<package>/`` for a package's tests; only cross-cutting tests (demo, README, layout, determinism,
-    configs, properties) and shared helpers sit at the top."""
+    """``tests/<package>/`` for a package's tests; the tests of top-level modules (``keepsight.atomic``, ``.demo``,
+    ...), the cross-cutting ones (README, layout, configs, properties) and shared helpers sit at the top."""
     tests = SRC.parents[1] / "tests"
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
     assert folders - {"fixtures", "lmms"} <= packages, f"test folders without a package: {folders - packages}"
     top = {p.stem for p in tests.glob("test_*.py")}
-    assert top <= {"test_demo", "test_readme", "test_layout", "test_determinism", "test_configs", "test_properties"}, top
+    modules = {f"test_{p.stem}" for p in SRC.glob("*.py")}  # keepsight.atomic, keepsight.demo, ...
+    assert top <= modules | {"test_readme", "test_layout", "test_configs", "test_properties"}, top

@@ -4,6 +4,8 @@ be written *before* any work starts, and the marker that says a directory was wr
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
 import shutil
@@ -81,7 +83,11 @@ def marked_kind(directory: str | os.PathLike) -> str | None:
 def atomic_save_dir(out: str | os.PathLike, write, kind: str | None = None) -> Path:
     """Call ``write(tmpdir)`` then rename tmpdir to ``out`` (replacing it): readers never see a half dir. With
     ``kind``, the new directory carries keepsight's marker. On any error or signal the temporary directory is
-    removed and ``out`` is left as it was."""
+    removed and ``out`` is left as it was.
+
+    Ownership is checked again at the moment of the replacement: ``out`` must be absent, an empty directory, or
+    keepsight's own output of the same ``kind``. Anything else (a directory or file a user made while the work
+    ran) is left untouched, the new output is kept beside it and a ValueError says where."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent, f".{out.name}.tmp")
@@ -90,13 +96,150 @@ def atomic_save_dir(out: str | os.PathLike, write, kind: str | None = None) -> P
         if kind is not None:
             mark(tmp, kind)
         use_umask(tmp)
-        if out.exists():
+        problem = _not_replaceable(out, kind)
+        if problem:
+            kept = _keep_beside(tmp, out)
+            raise ValueError(f"{out} {problem}; it was left as it is and the new output was written to {kept}")
+        if out.is_dir():
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _not_replaceable(out: Path, kind: str | None) -> str | None:
+    """Why ``out`` may not be replaced by a new output of ``kind`` now (None: it may)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return "is now a file (not keepsight's output)"
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    found = marked_kind(out)
+    if found is None:
+        return "now holds files keepsight did not write"
+    if kind is not None and found != kind:
+        return f"now holds a keepsight {found}, not a {kind}"
+    return None
+
+
+def _keep_beside(tmp: Path, out: Path) -> Path:
+    """Rename the finished temporary output to a free sibling name of ``out``."""
+    for i in range(1, 1000):
+        kept = out.with_name(f"{out.name}.keepsight-{i}")
+        if not kept.exists():
+            os.replace(tmp, kept)
+            return kept
+    raise ValueError(f"no free name beside {out} to keep the new output in")
+
+
+# ----------------------------------------------------------------------------- files keepsight wrote
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(f".{path.name}{MARKER}")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def mark_file(path: str | os.PathLike, kind: str) -> None:
+    """Record beside the file ``path`` (a hidden ``.<name>.keepsight``) that keepsight wrote it, with its hash: a
+    later edit by the user makes it the user's file again."""
+    path = Path(path)
+    write_json(_sidecar(path), {"kind": kind, "sha256": _digest(path)})
+
+
+def owned_file(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` is keepsight's output, unchanged since keepsight wrote it."""
+    path = Path(path)
+    try:
+        record = json.loads(_sidecar(path).read_text())
+        return record.get("sha256") == _digest(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def write_output_text(path: str | os.PathLike, text: str, kind: str) -> Path:
+    """``write_text`` for a command's ``--out`` file, marked as keepsight's (see ``mark_file``)."""
+    path = write_text(path, text)
+    mark_file(path, kind)
+    return path
+
+
+def write_output_json(path: str | os.PathLike, obj, kind: str) -> Path:
+    """``write_json`` for a command's ``--out`` file, marked as keepsight's (see ``mark_file``)."""
+    path = write_json(path, obj)
+    mark_file(path, kind)
+    return path
+
+
+# ----------------------------------------------------------------------------- one writer per output
+
+_LOCKS: dict[Path, Path] = {}  # output -> its lock file, held by this process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_output(path: str | os.PathLike, name: str = "--out") -> None:
+    """Hold ``path`` for this process (a hidden ``.keepsight-lock-<hash of the path>`` file in its nearest existing
+    directory) until ``release_outputs`` or exit: a second run writing the same output at once is refused, not both "successful". A lock whose
+    process is gone is taken over."""
+    path = Path(os.path.abspath(path))
+    if path in _LOCKS:
+        return
+    home = path.parent
+    while not home.is_dir() and home != home.parent:  # nothing is created before the work starts
+        home = home.parent
+    if not os.access(home, os.W_OK | os.X_OK):
+        return  # an unwritable place: the write itself reports it
+    lock = home / f".{MARKER.lstrip('.')}-lock-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid == os.getpid():
+                _LOCKS[path] = lock
+                return
+            if pid and _alive(pid):
+                raise ValueError(f"{name} {path} is being written by another keepsight run (process {pid}); wait for "
+                                 f"it to finish or choose another output") from None
+            lock.unlink(missing_ok=True)  # its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        _LOCKS[path] = lock
+        return
+
+
+def release_outputs() -> None:
+    """Release every output this process holds (the end of a command)."""
+    for path, lock in list(_LOCKS.items()):
+        try:
+            if int(lock.read_text().strip() or 0) == os.getpid():
+                lock.unlink()
+        except (OSError, ValueError):
+            pass
+        _LOCKS.pop(path, None)
+
+
+atexit.register(release_outputs)
 
 
 # ----------------------------------------------------------------------------- checks before the work
@@ -122,9 +265,12 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output_file(path: str | os.PathLike, name: str = "--out", inputs: Iterable = ()) -> Path:
+def check_output_file(path: str | os.PathLike, name: str = "--out", inputs: Iterable = (),
+                      overwrite: bool = False) -> Path:
     """``path`` can be written as a file: not an existing directory, not one of ``inputs``, under a writable
-    directory. Raise a ValueError naming ``name`` otherwise (before any work starts)."""
+    directory, and, if it exists, keepsight's own unchanged output (``owned_file``) unless ``overwrite``. Raise a
+    ValueError naming ``name`` otherwise (before any work starts); the output is then held by this process
+    (``lock_output``)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{name} {path} is a directory; it must name a file")
@@ -134,6 +280,10 @@ def check_output_file(path: str | os.PathLike, name: str = "--out", inputs: Iter
     _writable_parent(path, name)
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{name} {path} is not writable")
+    if path.exists() and not overwrite and not owned_file(path):
+        raise ValueError(f"{name} {path} exists and is not an output of keepsight's (or was edited since); refusing "
+                         "to replace it (choose another name, or pass --overwrite)")
+    lock_output(path, name)
     return path
 
 
@@ -164,4 +314,5 @@ def check_output_dir(path: str | os.PathLike, name: str = "--out", kinds: Iterab
             raise ValueError(f"{name} {path} exists (a keepsight {found}); pass --overwrite to replace it")
         if not os.access(path, os.W_OK | os.X_OK):
             raise ValueError(f"{name} {path} is not writable")
+    lock_output(path, name)
     return path

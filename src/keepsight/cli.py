@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+from .atomic import release_outputs
 from .commands import GROUPS
 from .train.distributed import is_main_process, launch_options
 
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("keepsight: interrupted", file=sys.stderr)
         return 130
+    finally:
+        release_outputs()  # the outputs this command held (keepsight.atomic.lock_output)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..atomic import check_output_dir, check_output_file, mark, write_json, write_text
+from ..atomic import (
+    check_output_dir,
+    check_output_file,
+    mark,
+    write_json,
+    write_output_json,
+    write_output_text,
+    write_text,
+)
 from ..data import Sample, open_dataset, open_image, preflight
 from ..inference import Pipeline, method_names
 from ..metrics.answers import KINDS, score_records
@@ -66,6 +74,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="COCO root or annotations dir with instances_* and captions_* {train,val}2014 JSON")
     ch.add_argument("--out", type=Path, default=None,
                     help="result JSON (default: the captions path with suffix .chair.json)")
+    ch.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
     ch.set_defaults(func=run)
     generate_parser(ev_sub)
     score_parser(ev_sub)
@@ -119,6 +128,7 @@ def generate_parser(ev_sub) -> None:
     g.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
     g.add_argument("--skip-bad-rows", action="store_true", help="leave out rows the pre-flight check finds bad")
     g.add_argument("--out", required=True, type=Path, help="predictions JSONL")
+    g.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
     g.add_argument("--limit", type=positive_int, help="the first N rows only")
     g.set_defaults(func=run_generate)
 
@@ -128,6 +138,7 @@ def score_parser(ev_sub) -> None:
     sc.add_argument("--pred", required=True, type=Path, help="JSONL from keepsight eval generate (answer, reference)")
     sc.add_argument("--kind", default="exact", choices=KINDS, help="how an answer matches its reference")
     sc.add_argument("--out", type=Path, help="result JSON (default: the predictions path with suffix .score.json)")
+    sc.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
     sc.set_defaults(func=run_score)
 
 
@@ -150,7 +161,7 @@ def eval_dataset(args):
 
 
 def run_generate(args) -> int:
-    out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm])
+    out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm], overwrite=args.overwrite)
     data = eval_dataset(args)  # the data's problems before the model's loading time
     lmm = load_method(args)
     n = min(len(data), args.limit or len(data))
@@ -165,7 +176,7 @@ def run_generate(args) -> int:
                 records.append({"id": sample.id or str(i), "prompt": sample.prompt, "answer": answer,
                                 "reference": sample.answer, "category": category})
             bar.update(len(rows))
-    write_text(out, "".join(json.dumps(r) + "\n" for r in records))
+    write_output_text(out, "".join(json.dumps(r) + "\n" for r in records), "predictions")
     print(f"{len(records)} answers in {out}")
     return 0
 
@@ -198,7 +209,8 @@ def score_table(result: dict) -> str:
 
 
 def run_score(args) -> int:
-    out = check_output_file(args.out or args.pred.with_suffix(".score.json"), "--out", inputs=[args.pred])
+    out = check_output_file(args.out or args.pred.with_suffix(".score.json"), "--out", inputs=[args.pred],
+                            overwrite=args.overwrite)
     records = read_predictions(args.pred)
     if not records:
         raise ValueError(f"--pred {args.pred}: no predictions to score")
@@ -207,7 +219,7 @@ def run_score(args) -> int:
         raise ValueError(f"{len(missing)} predictions have no reference (e.g. id {missing[0]!r}): their rows had no "
                          "answer to score against")
     result = score_records(records, args.kind)
-    write_json(out, {"predictions": str(args.pred), **result})
+    write_output_json(out, {"predictions": str(args.pred), **result}, "scores")
     print(score_table(result))
     print(f"wrote {out}")
     return 0
@@ -230,11 +242,12 @@ def format_table(result: dict) -> str:
 
 
 def run(args) -> int:
-    out = check_output_file(args.out or default_out(args.captions), "--out", inputs=[args.captions])
+    out = check_output_file(args.out or default_out(args.captions), "--out", inputs=[args.captions],
+                            overwrite=args.overwrite)
     captions = read_captions_jsonl(args.captions)
     gt = load_coco_ground_truth(args.coco, image_ids={c["image_id"] for c in captions})
     result = coco_chair(captions, gt)
-    write_json(out, {"captions_file": str(args.captions), "coco": str(args.coco), **result})
+    write_output_json(out, {"captions_file": str(args.captions), "coco": str(args.coco), **result}, "chair")
     print(format_table(result))
     print(f"wrote {out}")
     return 0

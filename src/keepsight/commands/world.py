@@ -6,7 +6,7 @@ import contextlib
 import copy
 import dataclasses
 
-from ..atomic import check_output_dir, check_output_file, write_json
+from ..atomic import check_output_dir, check_output_file, write_output_json
 from ..determinism import DEFAULT_THREADS, configure
 from ..inference import build_method, method_names
 from ..models import load_checkpoint
@@ -74,6 +74,8 @@ def add_parser(sub) -> None:
                    "baselines); combines with --pvm or --lora")
     e.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     e.add_argument("--out", help="write the scores as JSON here")
+    e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
+                   "keepsight's")
     placement_args(e)
     e.set_defaults(func=run_eval)
 
@@ -129,7 +131,8 @@ def run_eval(args) -> int:
     if args.pvm and args.lora:
         raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
     if args.out:
-        check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora])
+        check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora],
+                          overwrite=args.overwrite)
     samples = read_samples(args.data, args.limit)
     model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm:
@@ -157,6 +160,6 @@ def run_eval(args) -> int:
     print("counter-prior colour by index: " + " ".join("-" if r["colour_counter_prior"] is None
                                                        else f"{r['colour_counter_prior']:.2f}" for r in rows))
     if args.out:
-        write_json(args.out, res)
+        write_output_json(args.out, res, "world-scores")
     return 0
 
