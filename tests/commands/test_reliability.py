@@ -301,3 +301,18 @@ def test_nested_probes_are_refused(env):
     for layers in ([1.5], [], [99]):
         with pytest.raises(ValueError, match="layer"):
             VisualAttentionProbe(model, layers=layers)
+
+
+@pytest.mark.parametrize("max_length", [19, 24])
+def test_a_cut_that_leaves_nothing_to_learn_is_an_error_and_leaves_no_out(env, tmp_path, capsys, max_length):
+    """19: the image tokens do not fit; 24: they do, but every answer token is cut. Either way the run fails its
+    check before training, names it, and the corrected command can run (no unfinished --out left)."""
+    out = tmp_path / "o"
+    argv = ["pvm", "train", "--model", str(env / "m1"), "--data", str(env / "world"), "--out", str(out),
+            "--steps", "1", "--batch-size", "2", "--max-length", str(max_length)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after a progress bar, on its line
+    assert "keepsight: error: samples [" in err, err
+    assert ("image tokens do not fit" if max_length == 19 else "cuts off every answer token") in err, err
+    assert not out.exists()
+    assert main(argv[:-2]) == 0 and (out / "pvm.safetensors").is_file()

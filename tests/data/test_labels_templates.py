@@ -126,9 +126,13 @@ def test_a_cut_never_lands_inside_the_image_tokens(tmp_path):
     n = full["input_ids"].shape[1]
     image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     last_image = int((full["input_ids"][0] == image_id).nonzero().max())
-    cut = VLMCollator(processor, max_length=last_image + 3)([sample])
-    assert cut["input_ids"].shape[1] == last_image + 3 < n
-    assert torch.equal(cut["labels"][0], full["labels"][0, : last_image + 3])
+    first_label = int((full["labels"][0] != -100).nonzero().min())  # the first answer token
+    assert first_label > last_image
+    cut = VLMCollator(processor, max_length=first_label + 1)([sample])
+    assert cut["input_ids"].shape[1] == first_label + 1 < n
+    assert torch.equal(cut["labels"][0], full["labels"][0, : first_label + 1])
+    with pytest.raises(ValueError, match=r"samples \['long'\]: --max-length \d+ cuts off every answer token"):
+        VLMCollator(processor, max_length=first_label)([sample])  # nothing would be learned from the row
     with pytest.raises(ValueError, match=r"samples \['long'\]: their image tokens do not fit in --max-length"):
         VLMCollator(processor, max_length=last_image)([sample])
     short = Sample.single_turn("hi", "yes", None, id="text-only")

@@ -75,8 +75,8 @@ class VLMCollator:
     (system and user turns, images, the template's scaffolding, padding); see ``assistant_spans``.
 
     ``max_length``: rows are cut to that many tokens (their labels with them), never inside the image tokens:
-    a row whose image tokens do not fit is an error naming it, or (``skip_bad_rows``) left out of its batch and
-    counted in ``skipped``."""
+    a row whose image tokens do not fit, or whose every answer token the cut removes, is an error naming it, or
+    (``skip_bad_rows``) left out of its batch and counted in ``skipped``."""
 
     processor: object
     max_length: int | None = None
@@ -111,10 +111,18 @@ class VLMCollator:
                 where = (ids[b] == image_id).nonzero().flatten()
                 if len(where) and int(where[-1]) >= n:
                     bad.append(b)
+        labels = enc["labels"]  # [B, T]
+        answerless = [b for b in range(ids.shape[0]) if b not in bad and bool((labels[b] != IGNORE_INDEX).any())
+                      and not bool((labels[b, :n] != IGNORE_INDEX).any())]
+        if answerless and not self.skip_bad_rows:
+            names = [batch[b].id or f"row {b} of the batch" for b in answerless]
+            raise ValueError(f"samples {names}: --max-length {n} cuts off every answer token (nothing would be "
+                             "learned from them); raise it, or pass --skip-bad-rows to leave such rows out")
         if bad and not self.skip_bad_rows:
             names = [batch[b].id or f"row {b} of the batch" for b in bad]
             raise ValueError(f"samples {names}: their image tokens do not fit in --max-length {n}; raise it, or pass "
                              "--skip-bad-rows to leave such rows out")
+        bad = sorted(set(bad) | set(answerless))
         if bad:
             self.skipped += len(bad)
             kept = [s for b, s in enumerate(batch) if b not in bad]

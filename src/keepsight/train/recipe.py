@@ -17,6 +17,7 @@ A ``Recipe`` says what differs (which model, which parameters train, the data, h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -27,11 +28,11 @@ from pathlib import Path
 
 from torch import nn
 
-from ..atomic import atomic_save_dir, check_output_dir, mark, marked_kind, write_json
+from ..atomic import MARKER, atomic_save_dir, check_output_dir, mark, marked_kind, write_json
 from ..determinism import provenance
 from ..fingerprint import differences
 from .distributed import batch_layout, gather_state_dict, main_process_writes, wait_for_everyone
-from .trainer import TrainOptions, run_trainer
+from .trainer import TrainOptions, last_complete_checkpoint, run_trainer
 
 
 @dataclass
@@ -208,15 +209,22 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
     """Run ``recipe`` into ``out`` (see the module docstring). Returns its summary, or None when ``stop_after``
     ended the run early (run again to resume)."""
     out = Path(out)
+    fresh = not (out / REQUEST_FILE).is_file()  # this call starts the run (nothing to resume yet)
+    existed = out.exists()
     done = prepare_output(recipe, out, overwrite)
     if done is not None:
         return done
     recipe.run = Run(out, stop_after, progress, grad_accum)
-    model, processor = recipe.load()
-    freeze_by_name(model, recipe.trainable)
-    before = recipe.before(model, processor)
-    model.train()
-    logs, step = recipe.fit(model, processor)
+    try:
+        model, processor = recipe.load()
+        freeze_by_name(model, recipe.trainable)
+        before = recipe.before(model, processor)
+        model.train()
+        logs, step = recipe.fit(model, processor)
+    except Exception:
+        if fresh and last_complete_checkpoint(out / "checkpoints") is None:
+            main_process_writes(_discard_start, out, existed)  # a run that failed its checks leaves no --out behind
+        raise
     if step < recipe.options.steps:
         return None
     model.eval()
@@ -228,3 +236,14 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
                "log_history": logs}
     recipe.publish(model, processor, out, summary)
     return summary
+
+
+def _discard_start(out: Path, existed: bool) -> None:
+    """Remove what ``prepare_output`` started in ``out`` (its marker, request and a checkpoint folder without a
+    finished checkpoint), and ``out`` itself when this run made it and nothing else is in it."""
+    for name in (MARKER, REQUEST_FILE):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    if not existed:
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if empty
