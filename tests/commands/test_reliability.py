@@ -124,8 +124,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(env, tmp_pat
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(work))
     monkeypatch.setattr(torch.nn.Module, "__call__", work)
     monkeypatch.setattr(demo, "_run_profile", work)
-    for name in list(bench.BENCHMARKS):
-        monkeypatch.setitem(bench.BENCHMARKS, name, work)
+    for name, (takes, _) in list(bench.BENCHMARKS.items()):
+        monkeypatch.setitem(bench.BENCHMARKS, name, (takes, work))
     model, data = str(env / "m1"), str(env / "world")
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
@@ -316,3 +316,28 @@ def test_a_cut_that_leaves_nothing_to_learn_is_an_error_and_leaves_no_out(env, t
     assert ("image tokens do not fit" if max_length == 19 else "cuts off every answer token") in err, err
     assert not out.exists()
     assert main(argv[:-2]) == 0 and (out / "pvm.safetensors").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--reward", "yesno"], "--reward: not for --stage sft"),
+    (["--tasks", "describe"], "--tasks: not for --stage sft"),
+    (["--stage", "grpo", "--init", "{pvm1}", "--layers", "1", "--heads", "2"], "--layers, --heads: not for --stage grpo"),
+    (["--stage", "grpo", "--init", "{pvm1}", "--batch-size", "4"], "--batch-size: not for --stage grpo"),
+    (["--stage", "grpo", "--init", "{pvm1}", "--reward", "exact"], "--reward scores the rows of your own dataset"),
+    (["--init", "{pvm1}"], "--init: not for --stage sft"),
+])
+def test_options_of_another_stage_or_data_kind_are_refused(env, tmp_path, capsys, extra, message):
+    out = tmp_path / "o"
+    argv = ["pvm", "train", "--model", str(env / "m1"), "--data", str(env / "world"), "--out", str(out), "--steps", "1",
+            *[x.format(pvm1=env / "pvm1") for x in extra]]
+    assert main(argv) == 2
+    assert message in _error(capsys)
+    assert not out.exists()
+
+
+def test_bench_refuses_options_it_does_not_take(tmp_path, capsys):
+    assert main(["bench", "scan", "--out", str(tmp_path / "b"), "--rows", "5", "--batch", "2"]) == 2
+    assert "--batch, --rows do not apply to bench scan (it takes none of them)" in _error(capsys)
+    assert main(["bench", "data", "--out", str(tmp_path / "b"), "--new-tokens", "5"]) == 2
+    assert "--new-tokens do not apply to bench data (it takes --rows, --batch)" in _error(capsys)
+    assert not (tmp_path / "b").exists()

@@ -28,6 +28,12 @@ from .options import (
     user_data,
 )
 
+WORLD_TASKS = ("describe", "open")  # grpo on a world: the default prompts
+REWARDS = ("exact",)  # grpo on a user's data: the default reward
+# options of one stage only (the other stage refuses them)
+SFT_ONLY = ("variant", "layers", "pvm_hidden_size", "heads", "gate", "batch_size")
+GRPO_ONLY = ("init", "trainable", "beta", "num_generations", "prompts_per_step", "max_completion_length", "tasks",
+             "reward")
 # config fields that have their own short option above (--layers, --steps, ...)
 PVM_SHORT = {"variant", "layers", "pvm_hidden_size", "heads", "gate"}
 TRAIN_SHORT = {"steps", "lr", "gate_lr", "batch_size", "seed", "max_length", "skip_bad_rows", "beta", "num_generations",
@@ -42,8 +48,8 @@ def add_parser(sub) -> None:
     data_args(pt)
     pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
     pt.add_argument("--init", help="grpo: the stage-1 adapter to start from (also the KL reference)")
-    pt.add_argument("--variant", default="released", choices=["released", "branch"], help="sft: the block the "
-                    "authors released (default) or our earlier reading of the paper (branch)")
+    pt.add_argument("--variant", choices=["released", "branch"], help="sft: the block the authors released "
+                    "(default) or our earlier reading of the paper (branch)")
     pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided; the release: 8 16 24 "
                     "for Qwen3-VL-8B, 5 11 17 for 4B)")
     pt.add_argument("--pvm-hidden-size", type=positive_int, help="sft: the latent width (default: 512 as released, at "
@@ -65,9 +71,10 @@ def add_parser(sub) -> None:
     pt.add_argument("--num-generations", type=positive_int, help="grpo: completions per prompt (4 ours, 8 released)")
     pt.add_argument("--prompts-per-step", type=positive_int, help="grpo (4 ours, 8 released)")
     pt.add_argument("--max-completion-length", type=positive_int, help="grpo (default: the world's description budget)")
-    pt.add_argument("--tasks", nargs="+", default=["describe", "open"], help=f"grpo on a world: its prompts ({' '.join(GRPO_TASKS)})")
-    pt.add_argument("--reward", nargs="+", default=["exact"], help=f"grpo on your data: rewards against each row's "
-                    f"last assistant turn ({' | '.join(KINDS)}), or module:function (TRL's reward signature)")
+    pt.add_argument("--tasks", nargs="+", choices=GRPO_TASKS, help=f"grpo on a world: its prompts (default: "
+                    f"{' '.join(WORLD_TASKS)})")
+    pt.add_argument("--reward", nargs="+", help=f"grpo on your data: rewards against each row's last assistant turn "
+                    f"({' | '.join(KINDS)}), or module:function (TRL's reward signature; default: {REWARDS[0]})")
     pt.add_argument("--seed", type=nonneg_int, default=0)
     training_args(pt)
     add_config_options(pt, "pvm", PVMConfig, skip=PVM_SHORT, title="sft: the PVM block (--pvm.FIELD)",
@@ -115,8 +122,15 @@ def run_convert(args) -> int:
 
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(ADAPTER_KIND, CHECKPOINT_KIND), inputs=[args.model, args.data, args.init])
+    _refuse_options(args)
     own = user_data(args)
     samples = read_samples(args.data) if own is None else None
+    if own is not None and args.tasks:
+        raise ValueError("--tasks choose the prompts of a world; --data is your own dataset (its rows are the "
+                         "prompts; --reward scores them)")
+    if own is None and args.reward:
+        raise ValueError("--reward scores the rows of your own dataset; on a world the rewards are the world's "
+                         "(--tasks chooses its prompts)")
     if args.stage == "grpo":
         if not args.init:
             raise ValueError("--stage grpo needs --init: the stage-1 adapter directory it starts from")
@@ -129,9 +143,9 @@ def run_train(args) -> int:
         cfg = make(**given, seed=args.seed, max_completion_length=args.max_completion_length,
                    max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
         if own is None:
-            data = world_grpo_data(samples, args.tasks, args.seed)
+            data = world_grpo_data(samples, args.tasks or list(WORLD_TASKS), args.seed)
         else:
-            data = GRPOData.from_samples(own, [load_reward(r) for r in args.reward],
+            data = GRPOData.from_samples(own, [load_reward(r) for r in args.reward or REWARDS],
                                          max_completion_length=args.max_completion_length or 128)
         summary = train_pvm_grpo(args.model, args.init, data, args.out, cfg, stop_after=args.stop_after,
                                  grad_accum=args.grad_accum, overwrite=args.overwrite)
@@ -142,14 +156,10 @@ def run_train(args) -> int:
         print(f"reward {first.get('reward', float('nan')):.3f} -> {last.get('reward', float('nan')):.3f}; "
               f"adapter in {args.out}")
         return 0
-    if args.init:
-        raise ValueError("--init is for --stage grpo; stage 1 (sft) starts a new adapter")
     _refuse_other_stage(args, "sft")
     branch = {k: v for k, v in (("heads", args.heads), ("gate", args.gate)) if v is not None}
-    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
+    pvm_cfg = PVMConfig(variant=args.variant or "released", layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
                         **branch, **given_settings(args, "pvm", PVMConfig))
-    if args.trainable:
-        raise ValueError("--trainable is for --stage grpo; stage 1 (sft) trains the PVM blocks only")
     make = PVMTrainConfig.released if args.recipe == "released" else PVMTrainConfig
     short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size)
     given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "sft", PVMTrainConfig)}
@@ -172,3 +182,16 @@ def _refuse_other_stage(args, stage: str) -> None:
         if given:
             where = "--stage grpo" if prefix == "grpo" else "--stage sft"
             raise ValueError(f"{option_names(prefix, given)} apply to {where}; this run is --stage {stage}")
+
+
+def _refuse_options(args) -> None:
+    """Options of the other stage are errors naming them (the adapter fixes the block's shape for grpo; sft starts
+    a new adapter with the PVM blocks the only trainable part)."""
+    other = GRPO_ONLY if args.stage == "sft" else SFT_ONLY
+    given = [o for o in other if getattr(args, o) is not None]
+    if given:
+        names = ", ".join("--" + o.replace("_", "-") for o in given)
+        why = ("stage 1 (sft) starts a new adapter and trains its blocks only" if args.stage == "sft" else
+               "stage 2 (grpo) continues the --init adapter, whose blocks are fixed, with its own batch "
+               "(--prompts-per-step x --num-generations)")
+        raise ValueError(f"{names}: not for --stage {args.stage} ({why})")
