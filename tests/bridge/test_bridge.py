@@ -173,3 +173,17 @@ def test_blocked_forward_equals_one_block():
     (g_blocked,) = torch.autograd.grad(blocked.square().sum(), x)
     torch.testing.assert_close(blocked, full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g_blocked, g_full, rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_the_bridge_cannot_represent_and_models_it_does_not_fit_are_refused():
+    from keepsight.bridge import replace_projector
+    from keepsight.world.models import build_llada_v
+    from keepsight.world.processor import build_processor
+
+    bridge = LiaMtrBridge(LiaMtrConfig(d_vision=8, d_model=16))
+    with pytest.raises(ValueError, match="the LIA-MTR output is not finite: inputs as large as 1e\\+30 overflow"):
+        bridge(torch.full((1, 3, 8), 1e30))
+    with pytest.raises(ValueError, match="replace_projector supports LLaVA-family models, got NoneType$"):
+        replace_projector(None, "lia_mtr")
+    with pytest.raises(ValueError, match="has a masked-diffusion language model"):
+        replace_projector(build_llada_v(build_processor()), "lia_mtr")

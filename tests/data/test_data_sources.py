@@ -197,3 +197,16 @@ def test_grpo_data_from_samples_keeps_history_and_reference(llava_json):
               for m in row["prompt"]]
     assert prompt == src[chat].prompt_messages and row["answer"] == src[chat].answer
     assert len(data.dataset) == len(src) and data.fingerprint == src.fingerprint()
+
+
+def test_a_null_image_is_a_bad_row_not_a_text_only_one(tmp_path):
+    rows = [{"id": "a", "image": None, "conversations": [{"from": "human", "value": "what is it ?"},
+                                                          {"from": "gpt", "value": "a cat"}]},
+            {"id": "b", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"1 of 2 rows are bad; the first: .*'image' is None; give the image path, "
+                                         r"or drop the key for a text-only row"):
+        preflight(open_dataset(path))
+    ds, report = preflight(open_dataset(path), skip_bad_rows=True)
+    assert len(ds) == 1 and report.skipped == 1 and ds[0].id == "b"

@@ -322,3 +322,22 @@ def test_with_k_below_the_rank_only_the_top_k_principal_directions_are_removed(p
     out = mps.suppress(h, torch.ones(1, 1, dtype=torch.bool))[0, 0].double().numpy()
     np.testing.assert_allclose(out @ top2, 0.0, atol=1e-3)  # lam = 1: the top-2 components are gone
     np.testing.assert_allclose(out @ third, states[-1] @ third, rtol=1e-4, atol=1e-4)  # the third is untouched
+
+
+def test_mrs_refuses_a_gen_start_it_cannot_use_and_the_cached_sampler_with_column_segments(lm, processor):
+    from keepsight.diffusion import generate
+
+    prompt = processor.tokenizer(["<bos> user : describe the scene . assistant :"], return_tensors="pt")["input_ids"]
+    mrs = MonotonicRoPEScaling(beta=0.5, segments=["generation"])
+    for bad in (-5, 1.5, True):
+        with pytest.raises(ValueError, match="gen_start must be an integer >= 0"), mrs.apply(lm, gen_start=bad):
+            pass
+    with mrs.apply(lm, gen_start=10**6), pytest.raises(ValueError, match=r"gen_start 1000000 lies past the sequence"):
+        generate(lm, prompt, gen_length=4, steps=4)
+    with mrs.apply(lm, gen_start=prompt.shape[1]):
+        with pytest.raises(ValueError, match="reads column indices.*use cache='none'"):
+            generate(lm, prompt, gen_length=4, steps=4, cache="dual")
+        generate(lm, prompt, gen_length=4, steps=4)  # uncached: fine
+    assert not hasattr(lm, "_keepsight_reads_columns")  # removed on exit
+    with MonotonicRoPEScaling(beta=0.5).apply(lm):  # segments "all" reads no column: the cache is fine
+        generate(lm, prompt, gen_length=4, steps=4, cache="dual")

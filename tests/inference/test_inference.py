@@ -123,3 +123,23 @@ def test_a_new_method_is_a_module_and_one_registration(base, processor, images, 
     out = flipped.generate(QUESTIONS, images, max_new_tokens=5)
     assert out.texts != plain and out.stats["damp"]["acted"] == 5 and out.stats["damp"]["changed_argmax"] > 0
     assert re.search(r"\bdamp\b", " ".join(method_names("decode")))
+
+
+def test_generation_past_the_models_positions_is_refused(base, images):
+    _, path = base
+    pipe = Pipeline(path, device="cpu")
+    limit = pipe.model.config.text_config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_new_tokens {limit} \+ prompt \d+ exceeds the model's "
+                                         rf"max_position_embeddings {limit}"):
+        pipe.generate(QUESTIONS, images, max_new_tokens=limit)
+
+
+def test_non_finite_pixels_are_refused_by_every_baseline(base, processor, images):
+    from keepsight.baselines import build_baseline
+
+    model, _ = base
+    enc = processor(text=[chat_example(processor, QUESTIONS[0])], images=images[:1], return_tensors="pt")
+    enc["pixel_values"][0, 0, 0, 0] = float("nan")
+    for name in ("vcd", "pai", "memvr", "deco", "opera"):
+        with build_baseline(name).apply(model), pytest.raises(ValueError, match="pixel_values holds NaN or inf"):
+            model.generate(**enc, max_new_tokens=2, do_sample=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..models.arch import arch_info
+from ..models.arch import arch_info, check_finite
 
 
 def number(name: str, value, low: float | None = None, high: float | None = None, integer: bool = False):
@@ -141,6 +141,7 @@ class Baseline:
         self._active = True
         with contextlib.ExitStack() as stack:
             stack.callback(setattr, self, "_active", False)
+            _guard_pixels(model, stack)
             self._install(model, stack)
             yield self
 
@@ -169,6 +170,23 @@ class Baseline:
         stack.callback(pre.remove)
         handle = model.register_forward_hook(hook, with_kwargs=True)
         stack.callback(handle.remove)
+
+
+def _guard_pixels(model, stack: contextlib.ExitStack) -> None:
+    """Refuse NaN / inf pixels where the model encodes its images (``generate`` encodes them before the prefill):
+    a method would otherwise decode and report on garbage without a word."""
+    base = model.base_model
+    original = base.get_image_features
+
+    @functools.wraps(original)  # generate reads the encoder's signature to pick its inputs
+    def checked(*args, **kwargs):
+        pixels = args[0] if args else kwargs.get("pixel_values")
+        if isinstance(pixels, torch.Tensor):
+            check_finite("pixel_values", pixels)
+        return original(*args, **kwargs)
+
+    base.get_image_features = checked  # an instance attribute: the class's method comes back on exit
+    stack.callback(lambda: base.__dict__.pop("get_image_features", None))
 
 
 def capture_image_inputs(model, stack: contextlib.ExitStack, skip=lambda: False) -> dict:

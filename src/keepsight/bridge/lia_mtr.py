@@ -141,6 +141,9 @@ class LiaMtrBridge(nn.Module):
             for start in range(0, N, self.block_size):
                 blk, state = self._forward_block(x[:, start:start + self.block_size], state)
                 y[:, start:start + blk.shape[1]] = blk
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError(f"the LIA-MTR output is not finite: inputs as large as {float(x.abs().max()):.3g} overflow "
+                             f"{y.dtype}; normalise the vision features")
         return (y, state) if return_state else y
 
     def _forward_block(self, x: torch.Tensor, state: LiaMtrState) -> tuple[torch.Tensor, LiaMtrState]:

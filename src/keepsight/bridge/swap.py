@@ -71,8 +71,13 @@ def replace_projector(model: nn.Module, kind: str, **options) -> LlavaBridgeForC
     config records the bridge, so ``save_pretrained`` / ``from_pretrained`` round-trip it.
     """
     if not isinstance(model, LlavaForConditionalGeneration):
-        raise ValueError(f"replace_projector supports LLaVA-family models, got {type(model).__name__} "
-                         f"(model_type {getattr(model.config, 'model_type', None)!r})")
+        kind_of = getattr(getattr(model, "config", None), "model_type", None)
+        raise ValueError(f"replace_projector supports LLaVA-family models, got {type(model).__name__}"
+                         + (f" (model_type {kind_of!r})" if kind_of else ""))
+    text_type = getattr(getattr(model.config, "text_config", None), "model_type", "")
+    if "llada" in str(text_type):
+        raise ValueError(f"replace_projector: this LLaVA has a masked-diffusion language model ({text_type}); the "
+                         "bridges are trained and evaluated autoregressively, not with the masked-diffusion objective")
     spec = {"kind": kind, "d_vision": _vision_width(model), "d_model": model.config.text_config.hidden_size,
             **options}
     ref = model.lm_head.weight

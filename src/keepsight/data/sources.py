@@ -94,7 +94,10 @@ def llava_messages(row: dict, where: str = "row") -> tuple[list[dict], list[str]
     convs = row.get("conversations")
     if not isinstance(convs, list) or not convs:
         raise ValueError(f"{where}: empty or missing 'conversations'")
-    images = row.get("image", row.get("images"))
+    key = "image" if "image" in row else "images" if "images" in row else None
+    images = row.get(key) if key else None
+    if key is not None and images in (None, "", []):  # a text-only row has no image key at all (LLaVA's layout)
+        raise ValueError(f"{where}: '{key}' is {images!r}; give the image path, or drop the key for a text-only row")
     images = [] if images is None else [images] if isinstance(images, str) else list(images)
     if not all(isinstance(p, str) and p for p in images):
         raise ValueError(f"{where}: 'image' must be a path or a list of paths, got {row.get('image')!r}")

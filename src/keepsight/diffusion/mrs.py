@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -97,6 +98,9 @@ class MonotonicRoPEScaling:
         gains = self.gains(rotary.inv_freq.shape[-1] * 2)  # [D/2]
         handles, state = [], {"ids": None}
         auto = self.segments != "all" and segment_mask is None
+        if gen_start is not None and (isinstance(gen_start, bool) or not isinstance(gen_start, numbers.Integral)
+                                      or gen_start < 0):
+            raise ValueError(f"gen_start must be an integer >= 0 (the first generation column), got {gen_start!r}")
         if auto:
             if image_token_id is None and getattr(model, "config", None) is not None:
                 image_token_id = config_image_token_id(model.config)
@@ -118,6 +122,8 @@ class MonotonicRoPEScaling:
                                    "pass segment_mask= as a [B, T] tensor")
             if callable(segment_mask):
                 return segment_mask(state["ids"]).bool()
+            if gen_start is not None and gen_start > state["ids"].shape[1]:
+                raise ValueError(f"gen_start {gen_start} lies past the sequence ({state['ids'].shape[1]} columns)")
             return self._segment_where(state["ids"], gen_start, image_token_id)
 
         original = (rotary.inv_freq, rotary.attention_scaling)
@@ -137,8 +143,10 @@ class MonotonicRoPEScaling:
             w = where[..., None].to(out[0].device)  # [B, T, 1]
             return tuple(torch.where(w, a, o) for a, o in zip(alt, out))
 
+        reads_columns = auto or callable(segment_mask)
         try:
-            if auto or callable(segment_mask):
+            if reads_columns:  # the cached samplers forward windows: their column indices are not the sequence's
+                model._keepsight_reads_columns = "MRS with segments other than 'all'"
                 handles.append(model.register_forward_pre_hook(grab, with_kwargs=True))
             if self.mode == "amplitude":
                 handles.append(rotary.register_forward_hook(amplitude_hook, with_kwargs=True))
@@ -151,6 +159,8 @@ class MonotonicRoPEScaling:
             for h in handles:
                 h.remove()
             rotary.inv_freq, rotary.attention_scaling = original
+            if reads_columns:
+                model.__dict__.pop("_keepsight_reads_columns", None)
 
 
 class RoPEBaseline:

@@ -225,6 +225,10 @@ def generate(
     cache, threshold, refresh_every, until_done = cfg.cache, cfg.threshold, cfg.refresh_every, cfg.until_done
     suppress_token_ids = cfg.suppress_token_ids
     mask_id = resolve_mask_token_id(model, mask_token_id=cfg.mask_token_id)
+    reader = getattr(model, "_keepsight_reads_columns", None)
+    if cache != "none" and reader:
+        raise ValueError(f"{reader} reads column indices, which the cached sampler's windowed forwards do not keep; "
+                         "use cache='none' (or MRS segments='all')")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, P], got shape {tuple(input_ids.shape)}")
     B, P = input_ids.shape

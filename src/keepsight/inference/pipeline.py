@@ -24,6 +24,7 @@ import torch
 from ..data import padding_side
 from ..diffusion import generate as diffusion_generate
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from ..models.arch import check_finite, check_length
 from ..models.llada_official import shipped_decoding
 from ..pvm import load_pvm
 from .arguments import decoding_settings
@@ -202,6 +203,7 @@ class Pipeline:
         enc = enc.to(self._device)
         for k, v in list(enc.items()):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
+                check_finite(k, v)
                 enc[k] = v.to(self._dtype)
         return enc
 
@@ -264,6 +266,7 @@ class Pipeline:
             if s["do_sample"]:
                 kw["temperature"] = s["temperature"]
                 kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
+            check_length(self._model, s["max_new_tokens"], "max_new_tokens", prompt=enc["input_ids"].shape[1])
             if self._model.generation_config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
                 kw["pad_token_id"] = self.tokenizer.pad_token_id
             with self._applied(enc["input_ids"].shape[1]):

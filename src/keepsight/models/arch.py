@@ -228,6 +228,13 @@ def max_positions(model: nn.Module) -> int | None:
     return None
 
 
+def check_finite(name: str, x: torch.Tensor) -> None:
+    """A ValueError naming ``name`` when the floating tensor ``x`` holds NaN or inf (a model input: the model would
+    decode garbage from it without a word)."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} holds NaN or inf values; the model cannot read such an input")
+
+
 def check_length(model: nn.Module, n: int, name: str, prompt: int = 0) -> None:
     """A ValueError naming ``name`` when ``prompt + n`` positions exceed what the model has."""
     limit = max_positions(model)
