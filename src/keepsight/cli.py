@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 
+from safetensors import SafetensorError
+
 from .atomic import release_outputs
 from .commands import GROUPS
 from .train.distributed import is_main_process, launch_options
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             with launch_options(args.precision, args.device):
                 return args.func(args)
         return args.func(args)
-    except (ValueError, OSError, RuntimeError) as e:  # FileNotFoundError, a full or read-only disk: OSErrors
+    except (ValueError, OSError, RuntimeError, SafetensorError) as e:  # FileNotFoundError, a full disk: OSErrors
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"keepsight: error: {message}", file=sys.stderr)
         return 2

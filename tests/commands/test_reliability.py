@@ -341,3 +341,9 @@ def test_bench_refuses_options_it_does_not_take(tmp_path, capsys):
     assert main(["bench", "data", "--out", str(tmp_path / "b"), "--new-tokens", "5"]) == 2
     assert "--new-tokens do not apply to bench data (it takes --rows, --batch)" in _error(capsys)
     assert not (tmp_path / "b").exists()
+
+
+def test_a_benchmark_that_fails_its_checks_leaves_no_out(tmp_path, capsys):
+    assert main(["bench", "data", "--rows", "1", "--out", str(tmp_path / "b")]) == 2
+    assert "--rows 1 is fewer than one batch (--batch 16)" in _error(capsys)
+    assert not (tmp_path / "b").exists()

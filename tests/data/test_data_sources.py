@@ -210,3 +210,29 @@ def test_a_null_image_is_a_bad_row_not_a_text_only_one(tmp_path):
         preflight(open_dataset(path))
     ds, report = preflight(open_dataset(path), skip_bad_rows=True)
     assert len(ds) == 1 and report.skipped == 1 and ds[0].id == "b"
+
+
+def test_empty_undecodable_and_all_bad_data_files_are_errors_naming_them(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"empty\.json: the file is empty \(no rows\)"):
+        open_dataset(empty)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"id": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"latin\.jsonl: not UTF-8 text \(byte 11"):
+        open_dataset(latin)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"id": "a", "image": "nope.png", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]))
+    with pytest.raises(ValueError, match=r"no usable row: all 1 rows are bad; the first: .*nope\.png is missing"):
+        preflight(open_dataset(bad), skip_bad_rows=True)
+
+
+def test_a_decompression_bomb_is_an_unreadable_image(tmp_path, monkeypatch):
+    from PIL import Image as PILImage
+
+    Image.new("RGB", (64, 64)).save(tmp_path / "big.png")
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is then more than twice the limit: a bomb
+    with pytest.raises(ValueError, match=r"big\.png is not a readable image \(DecompressionBombError"):
+        sources_module.open_image(tmp_path / "big.png")
+    assert sources_module._check_image(tmp_path / "big.png") == "unreadable"

@@ -60,8 +60,18 @@ def test_rewards_read_trl_completions_and_user_functions():
                                                                       "content": [{"type": "text", "text": "red"}]}]]
     assert reward(completions, answer=["red", "red", "red"]) == [1.0, 0.0, 1.0]
     assert completion_text(completions[2]) == "red"
-    assert load_reward("math:sqrt") is math.sqrt
+    assert load_reward("keepsight.world.rewards:format_reward").__name__ == "format_reward"  # a TRL reward
     with pytest.raises(ValueError, match="cannot import 'nope'"):
         load_reward("math:nope")
     with pytest.raises(ValueError, match="unknown reward 'fuzzy'"):
         load_reward("fuzzy")
+
+
+def test_a_reward_without_trls_signature_is_refused_before_any_loading():
+    with pytest.raises(ValueError, match=r"--reward math:sqrt: a reward takes TRL's keyword arguments"):
+        load_reward("math:sqrt")
+    with pytest.raises(ValueError, match="declare \\*\\*kwargs"):
+        load_reward("keepsight.train.rewards:completion_text")  # one positional argument
+    from keepsight.world.rewards import answer_reward
+
+    assert load_reward("keepsight.world.rewards:answer_reward") is answer_reward  # completions=..., **_

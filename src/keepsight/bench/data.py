@@ -51,6 +51,10 @@ def write_fixture(root: Path, rows: int, pool: int = 256, seed: int = 0) -> Path
 
 
 def run(out: str | Path, rows: int = 100_000, batch: int = 16, batches: int = 20, preset: str = "tiny-llava") -> dict:
+    if rows < batch:
+        raise ValueError(f"--rows {rows} is fewer than one batch (--batch {batch}): the collator and the step are "
+                         "timed on whole batches")
+    batches = min(batches, rows // batch)
     out = Path(out)
     root = out / "data-fixture"
     path = root / "data.json"

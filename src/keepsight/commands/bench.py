@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..atomic import check_output_dir, mark
+import shutil
+
+from ..atomic import MARKER, check_output_dir, mark
 from ..bench import baselines, bridge_memory, data, diffusion, needle, probe_overhead, pvm_decode, scan
 from .options import bounded_int, positive_float
 
@@ -54,7 +56,13 @@ def run(args) -> int:
         accepted = ", ".join("--" + o.replace("_", "-") for o in takes) or "none of them"
         raise ValueError(f"{names} do not apply to bench {args.name} (it takes {accepted})")
     out = check_output_dir(args.out, "--out", kinds=(KIND,))
+    existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
     mark(out, KIND)
-    bench(args)
+    try:
+        bench(args)
+    except Exception:
+        if not existed and {p.name for p in out.iterdir()} <= {MARKER}:
+            shutil.rmtree(out)  # a benchmark that failed its checks leaves no --out behind
+        raise
     return 0

@@ -39,7 +39,7 @@ def open_image(path: str | os.PathLike) -> Image.Image:
             return im.convert("RGB")
     except FileNotFoundError:
         raise ValueError(f"image {path} is missing") from None
-    except (OSError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+    except (OSError, ValueError, Image.DecompressionBombError) as e:  # PIL.UnidentifiedImageError is an OSError
         raise ValueError(f"{path} is not a readable image ({type(e).__name__}: {e})") from None
 
 
@@ -54,7 +54,12 @@ def _file_fingerprint(path: Path, *extra) -> str:
 
 def _read_rows(path: Path) -> list[dict]:
     """Every row of a LLaVA JSON list or JSONL file; malformed JSON is an error naming ``path:line``."""
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); JSON data files are UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty (no rows)")
     head = text.lstrip()[:1]
     if head == "[":
         try:
@@ -386,7 +391,7 @@ def _check_image(path_or_bytes) -> str | None:
         return None
     except FileNotFoundError:
         return "missing"
-    except (OSError, ValueError):
+    except (OSError, ValueError, Image.DecompressionBombError):  # a bomb: more pixels than PIL will decode
         return "unreadable"
 
 
@@ -442,6 +447,9 @@ def preflight(dataset, skip_bad_rows: bool = False, need_answers: bool = True, s
     if report.bad_rows and not skip_bad_rows:
         raise ValueError(f"{report.bad_rows} of {report.rows} rows are bad; the first: " + "; ".join(report.problems)
                          + " (pass --skip-bad-rows to train on the others)")
+    if not good:
+        raise ValueError("the dataset has no rows" if not report.rows else
+                         f"no usable row: all {report.rows} rows are bad; the first: " + "; ".join(report.problems))
     if report.bad_rows:
         report.skipped = report.bad_rows
         dataset.keep = good

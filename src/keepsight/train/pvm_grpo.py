@@ -289,7 +289,8 @@ class PVMGRPORecipe(Recipe):
 
     def _report(self, model) -> dict:
         items = self.data.report_items
-        return gate_report(model, report_batches(self.trainer.processing_class, items)) if items else {}
+        return gate_report(model, report_batches(self.trainer.processing_class, items, self.options.max_length,
+                                                 self.options.skip_bad_rows)) if items else {}
 
     def before(self, model, processor) -> dict:
         model.eval()

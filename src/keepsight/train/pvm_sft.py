@@ -62,9 +62,9 @@ def pvm_optimizer(model, lr: float, gate_lr: float) -> torch.optim.Optimizer:
                              lr=lr)
 
 
-def report_batches(processor, items: list) -> list[dict]:
+def report_batches(processor, items: list, max_length: int | None = None, skip_bad_rows: bool = False) -> list[dict]:
     """The collated batch (the first eight items) on which the PVM report is measured before / after."""
-    return [VLMCollator(processor)(items[:8])]
+    return [VLMCollator(processor, max_length, skip_bad_rows)(items[:8])]
 
 
 def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
@@ -116,7 +116,8 @@ class PVMSFTRecipe(Recipe):
         return lambda m: pvm_optimizer(m, self.options.lr, self.options.gate_lr)
 
     def _report_batches(self, processor):
-        return report_batches(processor, [self.data[i] for i in range(min(8, len(self.data)))])
+        return report_batches(processor, [self.data[i] for i in range(min(8, len(self.data)))],
+                              self.options.max_length, self.options.skip_bad_rows)
 
     def before(self, model, processor) -> dict:
         model.eval()

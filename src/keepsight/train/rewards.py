@@ -5,6 +5,7 @@ TRL's GRPOTrainer calls them: ``reward(completions, answer, **columns) -> [float
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 
 from ..metrics.answers import KINDS, match
@@ -46,4 +47,13 @@ def load_reward(spec: str) -> Callable:
         raise ValueError(f"--reward {spec}: cannot import {name!r} from {module!r} ({e})") from None
     if not callable(fn):
         raise ValueError(f"--reward {spec}: {name!r} is not callable")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = None
+    takes = params is not None and (any(p.kind is p.VAR_KEYWORD for p in params)
+                                    or any(p.name == "completions" for p in params))
+    if not takes:
+        raise ValueError(f"--reward {spec}: a reward takes TRL's keyword arguments (completions=..., plus the "
+                         "dataset's columns; declare **kwargs) and returns one float per completion")
     return fn
