@@ -347,3 +347,25 @@ def test_a_benchmark_that_fails_its_checks_leaves_no_out(tmp_path, capsys):
     assert main(["bench", "data", "--rows", "1", "--out", str(tmp_path / "b")]) == 2
     assert "--rows 1 is fewer than one batch (--batch 16)" in _error(capsys)
     assert not (tmp_path / "b").exists()
+
+
+def test_a_checkpoint_save_that_fails_leaves_no_folder_without_weights(env, tmp_path, capsys, monkeypatch):
+    from keepsight.train import trainer as trainer_module
+
+    real, calls = trainer_module.save_model, []
+
+    def full_disk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "save_model", full_disk)
+    out = tmp_path / "o"
+    argv = ["pvm", "train", "--model", str(env / "m1"), "--data", str(env / "world"), "--out", str(out), "--steps", "2",
+            "--batch-size", "2", "--sft.save_every", "1"]
+    assert main(argv) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-1"]  # the good one, no half one
+    monkeypatch.setattr(trainer_module, "save_model", real)
+    assert main(argv) == 0 and (out / "pvm.safetensors").is_file()  # resumed from checkpoint-1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,18 @@ class ExactResume:
 
     def _sharded_or_peft(self, model) -> bool:
         return self.is_fsdp_enabled or self.is_deepspeed_enabled or _is_peft_model(model)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint, or none at all: a save that fails (a full disk) removes its half-written
+        ``checkpoint-N`` folder instead of leaving one without weights beside the good ones."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        existed = folder.exists()
+        try:
+            super()._save_checkpoint(model, trial)
+        except BaseException:
+            if not existed and self.args.should_save:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
