@@ -6,7 +6,9 @@ TORCH_SPEC ?= torch==2.13.0
 # the exact package versions the published results were made with (README, Reproducibility); CONSTRAINTS= for the newest
 CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.keepsight-installed
+# the stamp names the torch requirement: another TORCH_SPEC reinstalls torch in an existing .venv (.torch-spec
+# records the one installed)
+STAMP := $(VENV)/.keepsight-installed-$(shell printf '%s' '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
 DEMO_ARGS ?=
 TEST_ARGS ?=
 # lmms-eval needs torchvision, so it gets its own venv (the CUDA torch wheels: several GB)
@@ -20,8 +22,9 @@ LMMS_STAMP := $(LMMS_VENV)/.keepsight-installed
 $(STAMP): pyproject.toml Makefile constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	test "$$(cat $(VENV)/.torch-spec 2>/dev/null)" = '$(TORCH_SPEC)' || { $(PY) -m pip install --quiet --force-reinstall "$(TORCH_SPEC)" && printf '%s' '$(TORCH_SPEC)' > $(VENV)/.torch-spec; }
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[train,dev]"
+	rm -f $(VENV)/.keepsight-installed*
 	touch $(STAMP)
 
 install: $(STAMP)
