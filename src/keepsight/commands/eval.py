@@ -42,6 +42,7 @@ from ..atomic import (
 )
 from ..data import Sample, open_dataset, open_image, preflight
 from ..inference import Pipeline, method_names
+from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
 from ..metrics.pope import (
@@ -185,18 +186,7 @@ def read_predictions(path: Path) -> list[dict]:
     """The records of a predictions JSONL; malformed lines are errors naming ``path:line``."""
     if not path.is_file():
         raise FileNotFoundError(f"predictions file {path} does not exist")
-    records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(r, dict):
-            raise ValueError(f"{path}:{lineno}: a {type(r).__name__}, not a JSON object")
-        records.append(r)
-    return records
+    return [r for _, r in read_jsonl(path, "predictions")]
 
 
 def score_table(result: dict) -> str:

@@ -70,6 +70,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from ..jsonl import read_jsonl
+
 # ----------------------------------------------------------------------------------------------- data
 
 # The 80 COCO categories, each line "category, synonym, synonym, ...", after data/synonyms.txt of
@@ -479,29 +481,17 @@ def read_captions_jsonl(path: str | os.PathLike) -> list[dict]:
     and the caption under ``caption``, ``text`` or ``answer`` (the first present). Blank lines are
     skipped; a malformed line raises ``ValueError`` naming the file and line number."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"captions file not found: {path}")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            imid = rec.get("image_id")
-            if isinstance(imid, str) and imid.strip().isdigit():
-                imid = int(imid)
-            if not isinstance(imid, int) or isinstance(imid, bool):
-                raise ValueError(f"{where}: 'image_id' missing or not an integer: {rec.get('image_id')!r}")
-            key = next((k for k in _CAPTION_KEYS if k in rec), None)
-            if key is None or not isinstance(rec[key], str):
-                raise ValueError(f"{where}: no string caption under any of {list(_CAPTION_KEYS)}")
-            out.append({"image_id": imid, "caption": rec[key]})
+    for where, rec in read_jsonl(path, "captions"):
+        imid = rec.get("image_id")
+        if isinstance(imid, str) and imid.strip().isdigit():
+            imid = int(imid)
+        if not isinstance(imid, int) or isinstance(imid, bool):
+            raise ValueError(f"{where}: 'image_id' missing or not an integer: {rec.get('image_id')!r}")
+        key = next((k for k in _CAPTION_KEYS if k in rec), None)
+        if key is None or not isinstance(rec[key], str):
+            raise ValueError(f"{where}: no string caption under any of {list(_CAPTION_KEYS)}")
+        out.append({"image_id": imid, "caption": rec[key]})
     if not out:
         raise ValueError(f"{path}: no captions")
     return out

@@ -104,6 +104,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ..jsonl import read_jsonl
 from .coco_chair import _SPLITS, _YEARS, _candidate_dirs, _load_json
 from .stats import wilson
 from .yesno import parse_yes_no, rule_name
@@ -423,22 +424,10 @@ def write_questions_jsonl(
 
 
 def _jsonl_objects(path: Path, what: str):
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            if not isinstance(rec.get("question_id"), (str, int)) or isinstance(rec.get("question_id"), bool):
-                raise ValueError(f"{where}: 'question_id' missing or not a string/integer")
-            yield where, rec
+    for where, rec in read_jsonl(path, what):
+        if not isinstance(rec.get("question_id"), (str, int)) or isinstance(rec.get("question_id"), bool):
+            raise ValueError(f"{where}: 'question_id' missing or not a string/integer")
+        yield where, rec
 
 
 def read_questions_jsonl(path: str | os.PathLike) -> list[dict]:
@@ -482,35 +471,26 @@ def read_pope_question_file(
     root = None if image_root is None else Path(image_root)
     out: list[dict] = []
     first_line: dict = {}
-    with open(path, encoding="utf-8-sig", newline=None) as f:  # universal newlines: CRLF reads as LF
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            for key in ("question_id", "image", "text", "label"):
-                if key not in rec:
-                    raise ValueError(f"{where}: missing field {key!r}")
-            qid = rec["question_id"]
-            if not isinstance(qid, (str, int)) or isinstance(qid, bool):
-                raise ValueError(f"{where}: 'question_id' must be an integer or a string, got {qid!r}")
-            for key in ("image", "text"):
-                if not isinstance(rec[key], str) or not rec[key].strip():
-                    raise ValueError(f"{where}: {key!r} must be a non-empty string, got {rec[key]!r}")
-            if rec["label"] not in ("yes", "no"):
-                raise ValueError(f"{where}: 'label' must be 'yes' or 'no', got {rec['label']!r}")
-            if qid in first_line:
-                raise ValueError(f"{where}: question_id {qid!r} already used at {first_line[qid]}")
-            first_line[qid] = where
-            if root is not None and not (root / rec["image"]).is_file():
-                raise ValueError(f"{where}: image {rec['image']!r} not found under {root}")
-            out.append({"question_id": f"{strategy}-{qid}", "pope_question_id": qid, "image": rec["image"],
-                        "question": rec["text"], "label": rec["label"], "strategy": strategy, "line": lineno})
+    for where, rec in read_jsonl(path, "POPE question"):  # universal newlines: CRLF reads as LF
+        for key in ("question_id", "image", "text", "label"):
+            if key not in rec:
+                raise ValueError(f"{where}: missing field {key!r}")
+        qid = rec["question_id"]
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            raise ValueError(f"{where}: 'question_id' must be an integer or a string, got {qid!r}")
+        for key in ("image", "text"):
+            if not isinstance(rec[key], str) or not rec[key].strip():
+                raise ValueError(f"{where}: {key!r} must be a non-empty string, got {rec[key]!r}")
+        if rec["label"] not in ("yes", "no"):
+            raise ValueError(f"{where}: 'label' must be 'yes' or 'no', got {rec['label']!r}")
+        if qid in first_line:
+            raise ValueError(f"{where}: question_id {qid!r} already used at {first_line[qid]}")
+        first_line[qid] = where
+        if root is not None and not (root / rec["image"]).is_file():
+            raise ValueError(f"{where}: image {rec['image']!r} not found under {root}")
+        out.append({"question_id": f"{strategy}-{qid}", "pope_question_id": qid, "image": rec["image"],
+                    "question": rec["text"], "label": rec["label"], "strategy": strategy,
+                    "line": int(where.rsplit(":", 1)[1])})
     if not out:
         raise ValueError(f"{path}: no questions")
     return out
