@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..models.arch import arch_info, check_finite
+from ..models.arch import arch_info, check_finite, starts_sequence
 
 
 def number(name: str, value, low: float | None = None, high: float | None = None, integer: bool = False):
@@ -84,7 +84,7 @@ def cache_of(kwargs: dict):
 def is_prefill(kwargs: dict) -> bool:
     """A forward that starts a sequence: no cache yet, or an empty one."""
     cache = cache_of(kwargs)
-    return cache is None or cache.get_seq_length() == 0
+    return starts_sequence(cache)
 
 
 class Stream:

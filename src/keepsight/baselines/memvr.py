@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.arch import arch_info
+from ..models.arch import arch_info, starts_sequence
 from .base import Baseline, layer_range, number
 
 VARIANTS = ("released", "softmax")
@@ -102,7 +102,7 @@ class MemVR(Baseline):
             if ids is None:
                 return
             visual = (ids == info.image_token_id).long()
-            if cache is None or cache.get_seq_length() == 0 or state["after"] is None:  # [B, T]: after the image
+            if starts_sequence(cache) or state["after"] is None:  # [B, T]: after the image
                 state["after"] = (visual.flip(-1).cumsum(-1).flip(-1) == 0) & (visual.cumsum(-1) > 0)
             else:
                 state["after"] = torch.ones_like(ids, dtype=torch.bool)
@@ -181,7 +181,7 @@ class MemVR(Baseline):
             self._stats.forwards += 1
             self._stats.rows += B
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
-            if cache is None or cache.get_seq_length() == 0:
+            if starts_sequence(cache):
                 state["memory"] = None  # a new sequence: its memory comes with its image
 
         def grab_memory(module, args, kwargs):  # the language model's input embeddings, images merged in

@@ -37,7 +37,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..models.arch import arch_info
+from ..models.arch import arch_info, starts_sequence
 from .base import Baseline, layer_range, number
 
 PAI_ATTENTION = "keepsight_pai"
@@ -156,7 +156,7 @@ class PAI(Baseline):
                     self._stats.forwards += 1
                     self._stats.acted += 1
                     self._stats.rows += ids.shape[0]
-                new = cache is None or cache.get_seq_length() == 0 or self.visual is None
+                new = starts_sequence(cache) or self.visual is None
                 self.visual = visual if new else torch.cat([self.visual, visual.to(self.visual.device)], 1)
                 prefill_amplified = (self.config.gamma == 0 if self.config.amplify_prefill is None
                                      else self.config.amplify_prefill)

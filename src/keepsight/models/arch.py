@@ -228,6 +228,11 @@ def max_positions(model: nn.Module) -> int | None:
     return None
 
 
+def starts_sequence(cache) -> bool:
+    """Whether a forward with this KV ``cache`` starts a sequence (no cache yet, or an empty one): the prefill."""
+    return cache is None or cache.get_seq_length() == 0
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     """A ValueError naming ``name`` when the floating tensor ``x`` holds NaN or inf (a model input: the model would
     decode garbage from it without a word)."""

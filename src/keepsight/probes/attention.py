@@ -21,7 +21,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..models.arch import arch_info, check_layers
+from ..models.arch import arch_info, check_layers, starts_sequence
 
 PROBE_ATTENTION = "keepsight_probe"
 _ACTIVE: list[VisualAttentionProbe] = []  # the probe currently recording (innermost last)
@@ -94,7 +94,7 @@ class VisualAttentionProbe:
         if input_ids is None:
             raise ValueError("VisualAttentionProbe needs input_ids (to find the image tokens), got inputs_embeds")
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # "cache" in transformers >= 5.2x
-        new_sequence = cache is None or cache.get_seq_length() == 0
+        new_sequence = starts_sequence(cache)
         visual = input_ids == self.info.image_token_id  # [B, T_in]
         if new_sequence:
             if not bool(visual.any(1).all()):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..models.arch import arch_info
+from ..models.arch import arch_info, starts_sequence
 from .block import PVMMemoryBlock
 from .config import PVMConfig
 from .module import PVMBranch
@@ -200,7 +200,7 @@ def _top_pre_hook(model, args, kwargs):
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     st.input_visual = torch.isin(input_ids, torch.tensor(st.visual_ids, device=input_ids.device))  # [B, T_in]
     st.queries = {}
-    if cache is None or cache.get_seq_length() == 0:
+    if starts_sequence(cache):
         st.memory = None  # a new sequence: the language model's pre-hook captures V
     else:
         st.memory = pvm_memory(cache)
