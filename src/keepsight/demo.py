@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from . import __version__
 from .atomic import check_output_dir, mark, write_json, write_text
 from .determinism import DEFAULT_THREADS, SOURCE_ROOT, configured, provenance, source_digest
@@ -402,8 +404,13 @@ def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool,
 
 
 def published_results(profile_name: str) -> Path:
-    """The committed ``results.md`` of ``profile_name`` in this source checkout (``docs/results/<profile>.md``)."""
-    path = SOURCE_ROOT.parents[1] / "docs" / "results" / f"{profile_name}.md"
+    """The committed ``results.md`` of ``profile_name`` in this source checkout for this machine's CPU kind
+    (``docs/results/<profile>-<cpu kind>.md``, e.g. ``full-avx512.md``), else ``docs/results/<profile>.md``."""
+    root = SOURCE_ROOT.parents[1] / "docs" / "results"
+    kind = str(torch.backends.cpu.get_cpu_capability()).lower()
+    path = root / f"{profile_name}-{kind}.md"
+    if not path.is_file():
+        path = root / f"{profile_name}.md"
     if not path.is_file():
         raise FileNotFoundError(f"no published results for profile {profile_name!r} at {path} (keepsight runs outside "
                                 "its source checkout?); pass the file to compare against with --against")
