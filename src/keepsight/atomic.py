@@ -198,8 +198,8 @@ def lock_output(path: str | os.PathLike, name: str = "--out") -> None:
     directory) until ``release_outputs`` or exit: a second run writing the same output at once is refused, not both "successful". A lock whose
     process is gone is taken over."""
     path = Path(os.path.abspath(path))
-    if path in _LOCKS:
-        return
+    if path in _LOCKS or int(os.environ.get("RANK", 0)) != 0:
+        return  # held already; or another rank of a multi-process run (`accelerate launch`): rank 0 holds it
     home = path.parent
     while not home.is_dir() and home != home.parent:  # nothing is created before the work starts
         home = home.parent
