@@ -134,7 +134,6 @@ def run_train(args) -> int:
     if args.stage == "grpo":
         if not args.init:
             raise ValueError("--stage grpo needs --init: the stage-1 adapter directory it starts from")
-        _refuse_other_stage(args, "grpo")
         make = GRPOTrainConfig.released if args.recipe == "released" else GRPOTrainConfig
         short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, beta=args.beta,
                      num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
@@ -156,7 +155,6 @@ def run_train(args) -> int:
         print(f"reward {first.get('reward', float('nan')):.3f} -> {last.get('reward', float('nan')):.3f}; "
               f"adapter in {args.out}")
         return 0
-    _refuse_other_stage(args, "sft")
     branch = {k: v for k, v in (("heads", args.heads), ("gate", args.gate)) if v is not None}
     pvm_cfg = PVMConfig(variant=args.variant or "released", layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
                         **branch, **given_settings(args, "pvm", PVMConfig))
@@ -174,19 +172,9 @@ def run_train(args) -> int:
     return 0
 
 
-def _refuse_other_stage(args, stage: str) -> None:
-    """The generated options of the other stage (and the block's, for grpo) are errors naming them."""
-    other = {"grpo": [("sft", PVMTrainConfig), ("pvm", PVMConfig)], "sft": [("grpo", GRPOTrainConfig)]}[stage]
-    for prefix, cls in other:
-        given = given_settings(args, prefix, cls)
-        if given:
-            where = "--stage grpo" if prefix == "grpo" else "--stage sft"
-            raise ValueError(f"{option_names(prefix, given)} apply to {where}; this run is --stage {stage}")
-
-
 def _refuse_options(args) -> None:
-    """Options of the other stage are errors naming them (the adapter fixes the block's shape for grpo; sft starts
-    a new adapter with the PVM blocks the only trainable part)."""
+    """Options of the other stage, short or generated, are errors naming them (the adapter fixes the block's shape
+    for grpo; sft starts a new adapter with the PVM blocks the only trainable part)."""
     other = GRPO_ONLY if args.stage == "sft" else SFT_ONLY
     given = [o for o in other if getattr(args, o) is not None]
     if given:
@@ -195,3 +183,9 @@ def _refuse_options(args) -> None:
                "stage 2 (grpo) continues the --init adapter, whose blocks are fixed, with its own batch "
                "(--prompts-per-step x --num-generations)")
         raise ValueError(f"{names}: not for --stage {args.stage} ({why})")
+    generated = {"sft": [("grpo", GRPOTrainConfig)], "grpo": [("sft", PVMTrainConfig), ("pvm", PVMConfig)]}
+    for prefix, cls in generated[args.stage]:
+        found = given_settings(args, prefix, cls)
+        if found:
+            where = "--stage grpo" if prefix == "grpo" else "--stage sft"
+            raise ValueError(f"{option_names(prefix, found)} apply to {where}; this run is --stage {args.stage}")

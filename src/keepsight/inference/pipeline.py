@@ -60,7 +60,7 @@ class Pipeline:
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None):
         self.method = get_method(method, stage="load").name
-        self._decoding_requested(baseline, baseline_args)  # bad settings before a (possibly minutes long) load
+        requested = self._requested_baseline(baseline, baseline_args)  # bad settings before a (minutes long) load
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
@@ -86,22 +86,26 @@ class Pipeline:
                     entry = get_method(name, stage="decode", family="diffusion")
                     self._decoders.append((entry, entry.make(settings, self._model, self.tokenizer)))
         self._baseline = None
-        if baseline not in (None, "", "none"):
-            entry = get_method(baseline, stage="decode", family="autoregressive")
-            self._baseline = entry.make(baseline_args, self._model, self.tokenizer)
-            self._decoders.append((entry, self._baseline))
+        if requested is not None:
+            entry, self._baseline = requested
+            if entry.prepare is not None:
+                entry.prepare(self._baseline, self._model, self.tokenizer)
+            self._decoders.append(requested)
 
     # ------------------------------------------------------------------ setup
 
-    def _decoding_requested(self, baseline, baseline_args) -> None:
-        """Refuse decoding methods that do not fit ``method`` and bad settings, before the model loads."""
+    def _requested_baseline(self, baseline, baseline_args) -> tuple | None:
+        """(registry entry, method object) of the baseline, built (its settings checked) before the model loads;
+        a ValueError where it does not fit ``method``."""
         if baseline not in (None, "", "none"):
             if self.method == "diffusion":
                 raise ValueError(f"baseline={baseline} decodes autoregressive models; method is diffusion")
-            get_method(baseline, stage="decode", family="autoregressive").make(baseline_args)  # its settings' ranges
-        elif baseline_args:
+            entry = get_method(baseline, stage="decode", family="autoregressive")
+            return entry, entry.make(baseline_args)
+        if baseline_args:
             raise ValueError(f"baseline settings given without a baseline "
                              f"({'|'.join(method_names('decode', 'autoregressive'))})")
+        return None
 
     def _check_method_arguments(self, steps, gen_length, block_length) -> None:
         if self.pvm_dir is not None and self.method != "pvm":
