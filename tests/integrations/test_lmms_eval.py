@@ -256,6 +256,18 @@ def test_mps_lam_zero_and_mrs_beta_zero_change_nothing(llada_dir, task_dict):
     assert all(isinstance(t, str) for t in changed) and changed != plain
 
 
+def test_every_mps_and_mrs_config_field_is_a_model_argument(llada_dir, task_dict):
+    """The model arguments come from MPSConfig / MRSConfig's fields: the released / projection variant, the
+    prior, the RoPE mode and segments reach the fixes, and a name that is no field is refused by name."""
+    lm = make(task_dict, pretrained=llada_dir, method="diffusion", steps=4, gen_length=8, mps_variant="projection",
+              mps_layers="final", mps_prior="topk", mps_center="true", mrs_mode="frequency",
+              mrs_segments="visual;generation")
+    assert lm.mps["variant"] == "projection" and lm.mps["center"] is True and lm.mps["prior"] == "topk"
+    assert lm.mrs["mode"] == "frequency" and lm.mrs["segments"] == ["visual", "generation"]
+    with pytest.raises(ValueError, match=r"mps: unknown setting\(s\) \['cache_dir'\]"):
+        make(task_dict, pretrained=llada_dir, method="diffusion", mps_cache_dir="/tmp")
+
+
 def test_diffusion_lengths_and_the_llada_v_layout(llada_dir, vlm, tmp_path, task_dict):
     lm = make(task_dict, pretrained=llada_dir, method="diffusion", block_length=4)
     assert lm.diffusion_settings(10) == (12, 12, 4)  # rounded up to whole blocks, one token a step

@@ -9,7 +9,9 @@ flat ``mps_k=3`` style arguments.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +93,36 @@ def int_list(name: str, value: Any) -> list[int]:
     return [as_int(name, v) for v in as_list(name, value)]
 
 
-def _mps_layers(name: str, value: Any):
-    return "final" if isinstance(value, str) and value.strip().lower() == "final" else int_list(name, value)
+def _word_or(convert):
+    """A converter for ``str | list[...]`` fields: a single word stays the word ("final", "all"), anything else is
+    a list converted by ``convert``."""
+    def word_or_list(name: str, value: Any):
+        if isinstance(value, str) and value.strip().isidentifier():
+            return value.strip().lower()
+        return convert(name, value)
+    return word_or_list
 
 
-def _mrs_segments(name: str, value: Any):
-    return "all" if isinstance(value, str) and value.strip().lower() == "all" else [str(v) for v in as_list(name, value)]
+_SCALARS = {int: as_int, float: as_float, bool: as_bool, str: as_str}
 
 
-MPS_KEYS = {"k": lambda n, v: as_int(n, v, 1), "lam": as_float, "layers": _mps_layers, "prior": as_str,
-             "center": as_bool, "cache_dir": as_str, "n_prior_tokens": lambda n, v: as_int(n, v, 1),
-             "seed": as_int}
-MRS_KEYS = {"beta": lambda n, v: as_float(n, v, 0.0), "eta": as_float, "tau0": as_float, "schedule": as_str,
-             "mode": as_str, "segments": _mrs_segments}
+def _converter(hint):
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if str in args:  # str | list[int] or str | Iterable[str]
+        inner = [typing.get_args(a)[0] for a in args if a is not str and typing.get_args(a)]
+        if inner and inner[0] is int:
+            return _word_or(int_list)
+        return _word_or(lambda n, v: [as_str(n, x) for x in as_list(n, v)])
+    raise TypeError(f"no argument converter for {hint!r}")
+
+
+def config_keys(cls) -> dict:
+    """``{field: converter(name, value)}`` for every init field of the config dataclass ``cls``, from its
+    annotation (the config checks the values themselves when it is built)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
 
 
 def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) -> dict | None:

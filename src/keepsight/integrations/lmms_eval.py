@@ -68,13 +68,12 @@ from tqdm import tqdm
 from ..diffusion import MPSConfig, MRSConfig
 from ..inference import Pipeline, method_names
 from ..inference.arguments import (
-    MPS_KEYS,
-    MRS_KEYS,
     as_choice,
     as_float,
     as_int,
     as_str,
     baseline_settings,
+    config_keys,
     fix_settings,
 )
 from ..train.distributed import process_rank
@@ -82,6 +81,8 @@ from ..train.distributed import process_rank
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = tuple(method_names("load"))  # how the model is set up (keepsight.inference.METHODS)
+MPS_KEYS = config_keys(MPSConfig)  # every MPSConfig field, as mps_<field>=... or in mps={...}
+MRS_KEYS = config_keys(MRSConfig)
 MPS_DEFAULTS = MPSConfig.paper_defaults()  # {"k": 3, "lam": 0.1}
 MRS_DEFAULTS = MRSConfig.paper_defaults()  # {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
 
