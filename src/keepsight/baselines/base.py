@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..models.arch import arch_info, check_finite, starts_sequence
+from ..models.arch import arch_info, check_finite, check_method, rope_state_kept, starts_sequence
 
 
 def number(name: str, value, low: float | None = None, high: float | None = None, integer: bool = False):
@@ -91,7 +91,7 @@ class Stream:
     """A second stream of the same model (other inputs, the same decoding steps) with its own KV cache.
 
     ``run(kwargs, prefill)`` calls the model with the main forward's keyword arguments, its cache replaced by the
-    stream's own (a new one when ``prefill``: the main forward started a sequence); Qwen-VL's cached ``rope_deltas`` are restored afterwards so the main stream's
+    stream's own (a new one when ``prefill``: the main forward started a sequence); the positions the model caches (the table row's ``rope_state``) are restored afterwards so the main stream's
     positions are never disturbed."""
 
     def __init__(self, model):
@@ -107,15 +107,12 @@ class Stream:
             if prefill or self.cache is None:
                 self.cache = DynamicCache(config=self.model.config)
             kw["cache"] = self.cache
-        holder = getattr(self.model, "model", None)
-        saved = getattr(holder, "rope_deltas", None)
         self.inside = True
         try:
-            return self.model(**kw)
+            with rope_state_kept(self.model):
+                return self.model(**kw)
         finally:
             self.inside = False
-            if holder is not None and hasattr(holder, "rope_deltas"):
-                holder.rope_deltas = saved
 
 
 class Baseline:
@@ -136,7 +133,8 @@ class Baseline:
     def apply(self, model):
         if self._active:
             raise RuntimeError(f"{self.name} is already applied to a model")
-        arch_info(model)  # an autoregressive VLM keepsight knows (LLaVA-family, Qwen3-VL, Qwen2.5-VL)
+        arch_info(model)  # an autoregressive VLM of the architecture table
+        check_method(model, self.name)  # ... whose row does not rule this method out
         self._stats = Stats()
         self._active = True
         with contextlib.ExitStack() as stack:

@@ -36,7 +36,8 @@ prompt (with its images) and the generated ids (as text) go in two forwards, equ
 rounding.
 
 In keepsight the method replaces ``model.generate`` inside ``apply``: the usual Hugging Face call (``input_ids``,
-``attention_mask``, ``pixel_values``, Qwen-VL's ``image_grid_thw`` / ``mm_token_type_ids``, ``max_new_tokens``, ...)
+``attention_mask``, the image inputs and per-token inputs the architecture table names, e.g. Qwen-VL's
+``image_grid_thw`` / ``mm_token_type_ids``, ``max_new_tokens``, ...)
 returns ``[B, P + new]`` ids like HF's decoder-only generate. **The beam count is the config's ``num_beams``,
 whatever the caller passes** (OPERA is a beam search; the paper's 5 by default). Each row runs alone (its left
 padding stripped), so a row's output never depends on its batch. The language model runs with eager attention
@@ -67,14 +68,13 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..models.arch import arch_info
+from ..models.arch import arch_info, rope_state_kept
 from .base import Baseline, number
 
 WINDOW = 512  # U:3134 ``window_size``: sizes the history buffers; generate() never forwards it (U:1648-1665)
 FIRST = 10  # U:3440 ``cur_response_lens <= 10``: image-attention bonus; U:3460 ``rollback_loc < 10``: no rollback
 FLOOR = -999.0  # U:3543-3552 / U:3556: the floor of rejected and non-candidate tokens
 SCORED_PROMPT = ("llava", "embeds", "full")
-IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes")
 GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "pad_token_id", "eos_token_id",
                     "bos_token_id", "generation_config", "use_cache", "output_attentions", "temperature", "top_p",
                     "top_k", "length_penalty", "early_stopping", "num_return_sequences", "return_dict_in_generate",
@@ -215,11 +215,12 @@ class _Row:
     """One prompt (no padding) and its image inputs; builds the forward arguments of ``K`` copies of a sequence that
     starts with the prompt."""
 
-    def __init__(self, model, inputs: dict, image_token_id: int):
+    def __init__(self, model, inputs: dict, info):
+        image_token_id = info.image_token_id
         self.model = model
         self.ids = inputs["input_ids"]  # [1, P]
-        self.mm = inputs.get("mm_token_type_ids")  # [1, P] (Qwen-VL) or None
-        self.images = {k: inputs[k] for k in IMAGE_KEYS if inputs.get(k) is not None}
+        self.tokens = {k: inputs[k] for k in info.spec.token_inputs if inputs.get(k) is not None}  # each [1, P]
+        self.images = {k: inputs[k] for k in info.spec.image_inputs if inputs.get(k) is not None}
         pos = (self.ids[0] == image_token_id).nonzero().flatten()
         if pos.numel() == 0:
             raise ValueError(f"OPERA needs image tokens (id {image_token_id}) in every prompt: its penalty reads the "
@@ -227,8 +228,8 @@ class _Row:
         # U:3432 sums image_start .. image_end inclusive (key_position, llava.py:206-210): first to last image token
         self.image_start, self.image_end = int(pos[0]), int(pos[-1])
         self.length = self.ids.shape[1]
-        self.n_images = int((self.images["image_grid_thw"].shape[0] if "image_grid_thw" in self.images
-                             else self.images["pixel_values"].shape[0]) if self.images else 0)
+        per_image = "image_grid_thw" if info.spec.image_layout == "grid" else "pixel_values"
+        self.n_images = int(self.images[per_image].shape[0]) if self.images else 0
         self.n_image_tokens = int(pos.numel())
 
     def scored_prefix(self, how: str) -> int:
@@ -244,10 +245,10 @@ class _Row:
         kw = {"input_ids": ids}
         for key, value in self.images.items():
             kw[key] = value.repeat(k, *([1] * (value.dim() - 1)))  # each copy's images in order, as HF's expansion
-        if self.mm is not None:
-            mm = torch.zeros(k, ids.shape[1], dtype=self.mm.dtype, device=self.mm.device)
-            mm[:, : self.length] = self.mm
-            kw["mm_token_type_ids"] = mm
+        for key, value in self.tokens.items():  # the prompt's own, zeros over what follows it
+            padded = torch.zeros(k, ids.shape[1], dtype=value.dtype, device=value.device)
+            padded[:, : self.length] = value
+            kw[key] = padded
         return kw
 
 
@@ -291,12 +292,12 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
                       min_new_tokens: int = 0, length_penalty: float = 1.0, early_stopping=False,
                       stats: dict | None = None, trace: list | None = None) -> tuple[torch.Tensor, float]:
     """OPERA's beam search on one prompt (``inputs``: ``input_ids`` [1, P] without padding, the image inputs,
-    ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new] (an eos appended when the best beam ended
+    the per-token inputs the table names, e.g. ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new] (an eos appended when the best beam ended
     early, as 4.29.2's ``finalize``) and the best beam's normalised score. ``stats`` (a dict of counters) and
     ``trace`` (a list: one dict per beam step) are filled when given."""
     cfg = config or OPERAConfig()
     info = arch_info(model)
-    row = _Row(model, inputs, info.image_token_id)
+    row = _Row(model, inputs, info)
     if isinstance(eos_token_id, int):
         eos_token_id = [eos_token_id]
     eos = list(eos_token_id or [])
@@ -309,10 +310,7 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
     st = stats if stats is not None else {}
     for key in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards", "banned_candidates"):
         st.setdefault(key, 0)
-    holder = getattr(model, "model", None)
-    saved_deltas = getattr(holder, "rope_deltas", None)  # Qwen-VL caches its M-RoPE offsets on the model
-
-    with _AttentionTap(model) as tap:
+    with rope_state_kept(model), _AttentionTap(model) as tap:
 
         def forward(kw: dict, cache) -> torch.Tensor:
             st["forwards"] += 1
@@ -326,178 +324,177 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
             cache = DynamicCache(config=model.config)
             return forward(row.prefill_kwargs(ids), cache), cache
 
-        try:
-            ids = row.ids.expand(k, P).clone()  # [K, P + t] the running beams (U:1645 expands the prompt)
-            scorer = _BeamScorer(k, length_penalty, early_stopping, prefix + max_new_tokens, prefix)
-            beam_scores = torch.zeros(k, device=device)  # U:3300-3302: beam 0 live, the others at -1e9
-            beam_scores[1:] = -1e9
-            history_states: list[dict] = []  # U:3306-3313
-            history_locs: list[torch.Tensor] = []
-            beam_next_tokens = beam_idx = None
-            max_rollback_time = torch.zeros(WINDOW)
-            reject_gather: list = [[] for _ in range(WINDOW)]
-            rows_log: list = []  # (beam_idx, fed token's attention row) per step t >= 1: replays attn_previous
-            attn_prev = torch.zeros(k, 1, 0, P, dtype=dtype, device=device)  # response rows of attn_previous
-            cache = None
-            n_cand = cfg.num_attn_candidates
-            t = 0  # generated tokens (the release's cur_len minus its prompt)
-            while True:
-                state = {"ids": ids.clone(), "scorer": copy.deepcopy(scorer), "t": t}  # U:3330-3334
-                if cache is None:  # the first step: the whole prompt
-                    logits, cache = prefill(ids)
-                else:  # U:3348-3357: pad a zero key column, reorder rows with the beams, append the fed token's row
-                    logits = forward({"input_ids": ids[:, -1:]}, cache)
-                    new_row = head_max()
-                    attn_prev = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
-                    attn_prev = torch.cat([attn_prev[beam_idx], new_row], -2)
-                    rows_log.append((beam_idx, new_row))
-                vocab = logits.shape[-1]
-                n = vocab if n_cand is None else n_cand
-                if n > vocab:
-                    raise ValueError(f"num_attn_candidates {n} exceeds the vocabulary ({vocab} tokens)")
-                # U:3371: candidates = top-N raw logits per beam, [K, N]
-                cand_scores, cand_tokens = torch.topk(logits, n, dim=-1, largest=True, sorted=True)
-                state.update(candidate_tokens=cand_tokens.clone(), beam_scores=beam_scores.clone(),
-                             beam_next_tokens=None if beam_next_tokens is None else beam_next_tokens.clone(),
-                             beam_idx=None if beam_idx is None else beam_idx.clone())
+        ids = row.ids.expand(k, P).clone()  # [K, P + t] the running beams (U:1645 expands the prompt)
+        scorer = _BeamScorer(k, length_penalty, early_stopping, prefix + max_new_tokens, prefix)
+        beam_scores = torch.zeros(k, device=device)  # U:3300-3302: beam 0 live, the others at -1e9
+        beam_scores[1:] = -1e9
+        history_states: list[dict] = []  # U:3306-3313
+        history_locs: list[torch.Tensor] = []
+        beam_next_tokens = beam_idx = None
+        max_rollback_time = torch.zeros(WINDOW)
+        reject_gather: list = [[] for _ in range(WINDOW)]
+        rows_log: list = []  # (beam_idx, fed token's attention row) per step t >= 1: replays attn_previous
+        attn_prev = torch.zeros(k, 1, 0, P, dtype=dtype, device=device)  # response rows of attn_previous
+        cache = None
+        n_cand = cfg.num_attn_candidates
+        t = 0  # generated tokens (the release's cur_len minus its prompt)
+        while True:
+            state = {"ids": ids.clone(), "scorer": copy.deepcopy(scorer), "t": t}  # U:3330-3334
+            if cache is None:  # the first step: the whole prompt
+                logits, cache = prefill(ids)
+            else:  # U:3348-3357: pad a zero key column, reorder rows with the beams, append the fed token's row
+                logits = forward({"input_ids": ids[:, -1:]}, cache)
+                new_row = head_max()
+                attn_prev = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
+                attn_prev = torch.cat([attn_prev[beam_idx], new_row], -2)
+                rows_log.append((beam_idx, new_row))
+            vocab = logits.shape[-1]
+            n = vocab if n_cand is None else n_cand
+            if n > vocab:
+                raise ValueError(f"num_attn_candidates {n} exceeds the vocabulary ({vocab} tokens)")
+            # U:3371: candidates = top-N raw logits per beam, [K, N]
+            cand_scores, cand_tokens = torch.topk(logits, n, dim=-1, largest=True, sorted=True)
+            state.update(candidate_tokens=cand_tokens.clone(), beam_scores=beam_scores.clone(),
+                         beam_next_tokens=None if beam_next_tokens is None else beam_next_tokens.clone(),
+                         beam_idx=None if beam_idx is None else beam_idx.clone())
 
-                # U:3382-3411: one forward per candidate on the step's cache; its last-layer row (max over heads)
-                padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
-                attn_last = []
-                for c in range(n):
-                    forward({"input_ids": cand_tokens[:, c: c + 1]}, cache)
-                    cache.crop(-1)  # the release's cache is a tuple the candidate forward never extends
-                    attn_last.append(torch.cat([padded, head_max()], -2))  # [K, 1, t + 1, P + t + 1]
-                st["candidate_forwards"] += n
-                attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
-                attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
-                attn_local = attn_last[..., P:]  # U:3420: the response block [r:, r:], [K, N, t + 1, t + 1]
-                attn_local = cfg.scale_factor * attn_local  # U:3423
-                # U:3424-3428 (release: a float16 buffer; phi saturates to inf above 65504)
-                local_scores = torch.zeros(attn_local.shape[:2] + attn_local.shape[-1:], dtype=torch.float16,
-                                           device=device)  # [K, N, t + 1]
-                for j in range(attn_local.shape[-1]):
-                    local_scores[..., j] = (1e-7 * attn_local[..., j:, j].prod(-1)).to(torch.float32)
-                cur_response_lens = attn_local.shape[-1]  # t + 1
-                attn_i = attn_last[:, :, -1, row.image_start: row.image_end + 1].sum(-1)  # U:3432 [K, N]
-                rollback_scores, rollback_locs = local_scores.max(-1)  # U:3436 [K, N]
-                rollback_loc = rollback_locs.mode().values.mode().values  # U:3437-3438: mode over N, then beams
-                penalty = -attn_i if cur_response_lens <= FIRST else rollback_scores  # U:3440
-                history_locs.append(rollback_locs.mode().values[:, None])  # U:3443-3447 (release: per beam slot)
-                gathers = torch.cat(history_locs, -1)  # [K, steps]
-                if cfg.penalty_weights != 0:  # U:3449 (weight 0: no term; the release computes 0 * inf = nan)
-                    cand_scores -= cfg.penalty_weights * penalty
-                st["banned_candidates"] += int(torch.isneginf(cand_scores).sum())
-                state["candidate_token_scores"] = cand_scores.clone()
-                if len(history_states) >= WINDOW:  # U:3453-3455
-                    history_states.pop(0)
-                history_states.append(state)
+            # U:3382-3411: one forward per candidate on the step's cache; its last-layer row (max over heads)
+            padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
+            attn_last = []
+            for c in range(n):
+                forward({"input_ids": cand_tokens[:, c: c + 1]}, cache)
+                cache.crop(-1)  # the release's cache is a tuple the candidate forward never extends
+                attn_last.append(torch.cat([padded, head_max()], -2))  # [K, 1, t + 1, P + t + 1]
+            st["candidate_forwards"] += n
+            attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
+            attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
+            attn_local = attn_last[..., P:]  # U:3420: the response block [r:, r:], [K, N, t + 1, t + 1]
+            attn_local = cfg.scale_factor * attn_local  # U:3423
+            # U:3424-3428 (release: a float16 buffer; phi saturates to inf above 65504)
+            local_scores = torch.zeros(attn_local.shape[:2] + attn_local.shape[-1:], dtype=torch.float16,
+                                       device=device)  # [K, N, t + 1]
+            for j in range(attn_local.shape[-1]):
+                local_scores[..., j] = (1e-7 * attn_local[..., j:, j].prod(-1)).to(torch.float32)
+            cur_response_lens = attn_local.shape[-1]  # t + 1
+            attn_i = attn_last[:, :, -1, row.image_start: row.image_end + 1].sum(-1)  # U:3432 [K, N]
+            rollback_scores, rollback_locs = local_scores.max(-1)  # U:3436 [K, N]
+            rollback_loc = rollback_locs.mode().values.mode().values  # U:3437-3438: mode over N, then beams
+            penalty = -attn_i if cur_response_lens <= FIRST else rollback_scores  # U:3440
+            history_locs.append(rollback_locs.mode().values[:, None])  # U:3443-3447 (release: per beam slot)
+            gathers = torch.cat(history_locs, -1)  # [K, steps]
+            if cfg.penalty_weights != 0:  # U:3449 (weight 0: no term; the release computes 0 * inf = nan)
+                cand_scores -= cfg.penalty_weights * penalty
+            st["banned_candidates"] += int(torch.isneginf(cand_scores).sum())
+            state["candidate_token_scores"] = cand_scores.clone()
+            if len(history_states) >= WINDOW:  # U:3453-3455
+                history_states.pop(0)
+            history_states.append(state)
 
-                next_logits = None
-                if (cfg.threshold is not None and all(int((g == rollback_loc).long().sum()) > cfg.threshold
-                                                      for g in gathers) and int(rollback_loc) >= FIRST):  # U:3459-3460
-                    p = int(rollback_loc) + 1  # U:3463-3472: the token after loc, else loc, each at most N times
-                    ok = p < WINDOW  # release: max_rollback_time[p] raises IndexError (caught: no rollback)
-                    if ok and max_rollback_time[p] >= n:
-                        p -= 1
-                        ok = bool(max_rollback_time[p] < n)
-                    if ok:
-                        max_rollback_time[p] += 1
-                        if cur_response_lens - p > WINDOW + 1:  # U:3473-3474
-                            p = max(1, cur_response_lens - WINDOW - 1)
-                        for j in range(cur_response_lens - p - 2):  # U:3478-3481 (release: clears the list's tail)
-                            history_states.pop(-1)
-                            history_locs.pop(-1)
-                            reject_gather[-(j + 1)] = []
-                        back, after = history_states[-2], history_states[-1]  # U:3484-3495
-                        ids, scorer, t = back["ids"], back["scorer"], back["t"]  # release: the stored scorer itself
-                        rows_log = rows_log[: t]
-                        attn_prev = _replay(rows_log, k, P, dtype, device)
-                        cand_scores, cand_tokens = back["candidate_token_scores"], back["candidate_tokens"]
-                        beam_scores = back["beam_scores"]
-                        beam_next_tokens, beam_idx = after["beam_next_tokens"], after["beam_idx"]
-                        # U:3497-3535: the cache rebuilt from scratch (all but the last token, then the last)
-                        before = st["forwards"]
-                        if bool(torch.isin(ids[:, P:-1], visual_ids).any()):
-                            # a generated id equal to an image placeholder is a text token (the release embeds the
-                            # generated ids; HF's processors would read it as an image): the prompt, then the rest
-                            _, cache = prefill(ids[:, :P])
-                            if ids.shape[1] - 1 > P:
-                                forward({"input_ids": ids[:, P:-1]}, cache)
-                        else:
-                            _, cache = prefill(ids[:, :-1])
-                        logits = forward({"input_ids": ids[:, -1:]}, cache)
-                        st["rollbacks"] += 1
-                        st["rollback_forwards"] += st["forwards"] - before
-                        history_states.pop(-1)  # U:3537-3541
+            next_logits = None
+            if (cfg.threshold is not None and all(int((g == rollback_loc).long().sum()) > cfg.threshold
+                                                  for g in gathers) and int(rollback_loc) >= FIRST):  # U:3459-3460
+                p = int(rollback_loc) + 1  # U:3463-3472: the token after loc, else loc, each at most N times
+                ok = p < WINDOW  # release: max_rollback_time[p] raises IndexError (caught: no rollback)
+                if ok and max_rollback_time[p] >= n:
+                    p -= 1
+                    ok = bool(max_rollback_time[p] < n)
+                if ok:
+                    max_rollback_time[p] += 1
+                    if cur_response_lens - p > WINDOW + 1:  # U:3473-3474
+                        p = max(1, cur_response_lens - WINDOW - 1)
+                    for j in range(cur_response_lens - p - 2):  # U:3478-3481 (release: clears the list's tail)
+                        history_states.pop(-1)
                         history_locs.pop(-1)
-                        if p + 1 < WINDOW:  # release: reject_token_pos_gather[512] raises (caught: the except path)
-                            reject_gather[p + 1] = []
-                            # U:3543-3552: full-vocab logits, min shifted to -999, earlier choices at p set to -999
-                            next_logits = logits - (999.0 + logits.min(-1, keepdim=True).values)
-                            flat = next_logits.reshape(1, k * vocab)
-                            reject = (beam_idx * vocab + beam_next_tokens).view(1, k)
-                            if len(reject_gather[p]) > 0:
-                                reject = torch.cat([reject_gather[p], reject], -1)
-                            reject_gather[p] = reject
-                            next_logits = flat.scatter(-1, reject, FLOOR).view(k, vocab)
-                if next_logits is None:  # U:3555-3557: only the (penalised) candidates, -999 elsewhere
-                    next_logits = torch.full_like(logits, FLOOR).scatter(-1, cand_tokens, cand_scores)
+                        reject_gather[-(j + 1)] = []
+                    back, after = history_states[-2], history_states[-1]  # U:3484-3495
+                    ids, scorer, t = back["ids"], back["scorer"], back["t"]  # release: the stored scorer itself
+                    rows_log = rows_log[: t]
+                    attn_prev = _replay(rows_log, k, P, dtype, device)
+                    cand_scores, cand_tokens = back["candidate_token_scores"], back["candidate_tokens"]
+                    beam_scores = back["beam_scores"]
+                    beam_next_tokens, beam_idx = after["beam_next_tokens"], after["beam_idx"]
+                    # U:3497-3535: the cache rebuilt from scratch (all but the last token, then the last)
+                    before = st["forwards"]
+                    if bool(torch.isin(ids[:, P:-1], visual_ids).any()):
+                        # a generated id equal to an image placeholder is a text token (the release embeds the
+                        # generated ids; HF's processors would read it as an image): the prompt, then the rest
+                        _, cache = prefill(ids[:, :P])
+                        if ids.shape[1] - 1 > P:
+                            forward({"input_ids": ids[:, P:-1]}, cache)
+                    else:
+                        _, cache = prefill(ids[:, :-1])
+                    logits = forward({"input_ids": ids[:, -1:]}, cache)
+                    st["rollbacks"] += 1
+                    st["rollback_forwards"] += st["forwards"] - before
+                    history_states.pop(-1)  # U:3537-3541
+                    history_locs.pop(-1)
+                    if p + 1 < WINDOW:  # release: reject_token_pos_gather[512] raises (caught: the except path)
+                        reject_gather[p + 1] = []
+                        # U:3543-3552: full-vocab logits, min shifted to -999, earlier choices at p set to -999
+                        next_logits = logits - (999.0 + logits.min(-1, keepdim=True).values)
+                        flat = next_logits.reshape(1, k * vocab)
+                        reject = (beam_idx * vocab + beam_next_tokens).view(1, k)
+                        if len(reject_gather[p]) > 0:
+                            reject = torch.cat([reject_gather[p], reject], -1)
+                        reject_gather[p] = reject
+                        next_logits = flat.scatter(-1, reject, FLOOR).view(k, vocab)
+            if next_logits is None:  # U:3555-3557: only the (penalised) candidates, -999 elsewhere
+                next_logits = torch.full_like(logits, FLOOR).scatter(-1, cand_tokens, cand_scores)
 
-                # U:3561-3625: the 4.29.2 beam step
-                scores = torch.log_softmax(next_logits, dim=-1)  # [K, V]
-                if t < min_new_tokens and eos:  # MinNewTokensLengthLogitsProcessor (4.29.2 applies it here)
-                    scores[:, eos] = -float("inf")
-                scores = scores + beam_scores[:, None]
-                top_scores, top = torch.topk(scores.view(1, k * vocab), 2 * k, dim=1, largest=True, sorted=True)
-                next_indices = torch.div(top, vocab, rounding_mode="floor")[0]
-                next_tokens = (top % vocab)[0]
-                beam_scores, beam_next_tokens, beam_idx = scorer.process(ids[:, P:], top_scores[0].cpu(),
-                                                                         next_tokens.cpu(), next_indices.cpu(), pad,
-                                                                         eos)
-                beam_scores = beam_scores.to(device)
-                beam_next_tokens, beam_idx = beam_next_tokens.to(device), beam_idx.to(device)
-                ids = torch.cat([ids[beam_idx], beam_next_tokens[:, None]], -1)
-                cache.reorder_cache(beam_idx)
-                st["steps"] += 1
-                if trace is not None:
-                    trace.append({"t": t, "tokens": beam_next_tokens.tolist(), "beams": beam_idx.tolist(),
-                                  "scores": beam_scores.tolist(), "loc": int(rollback_loc)})
-                t += 1
-                if scorer.done or t >= max_new_tokens:
-                    break
-            best, score = scorer.finalize(ids[:, P:], beam_scores.cpu(), max_new_tokens, eos)
-            return best.to(device), score
-        finally:
-            if holder is not None and hasattr(holder, "rope_deltas"):
-                holder.rope_deltas = saved_deltas
+            # U:3561-3625: the 4.29.2 beam step
+            scores = torch.log_softmax(next_logits, dim=-1)  # [K, V]
+            if t < min_new_tokens and eos:  # MinNewTokensLengthLogitsProcessor (4.29.2 applies it here)
+                scores[:, eos] = -float("inf")
+            scores = scores + beam_scores[:, None]
+            top_scores, top = torch.topk(scores.view(1, k * vocab), 2 * k, dim=1, largest=True, sorted=True)
+            next_indices = torch.div(top, vocab, rounding_mode="floor")[0]
+            next_tokens = (top % vocab)[0]
+            beam_scores, beam_next_tokens, beam_idx = scorer.process(ids[:, P:], top_scores[0].cpu(),
+                                                                     next_tokens.cpu(), next_indices.cpu(), pad,
+                                                                     eos)
+            beam_scores = beam_scores.to(device)
+            beam_next_tokens, beam_idx = beam_next_tokens.to(device), beam_idx.to(device)
+            ids = torch.cat([ids[beam_idx], beam_next_tokens[:, None]], -1)
+            cache.reorder_cache(beam_idx)
+            st["steps"] += 1
+            if trace is not None:
+                trace.append({"t": t, "tokens": beam_next_tokens.tolist(), "beams": beam_idx.tolist(),
+                              "scores": beam_scores.tolist(), "loc": int(rollback_loc)})
+            t += 1
+            if scorer.done or t >= max_new_tokens:
+                break
+        best, score = scorer.finalize(ids[:, P:], beam_scores.cpu(), max_new_tokens, eos)
+        return best.to(device), score
 
 
 # ----------------------------------------------------------------------------- batches
 
 
-def _split_rows(model, kwargs: dict, image_token_id: int) -> list[dict]:
-    """Each row's inputs without its padding: ``input_ids`` / ``mm_token_type_ids`` where ``attention_mask`` is 1,
-    and the row's own images (consumed in order: a row holds as many images as its image tokens need)."""
+def _split_rows(model, kwargs: dict, info) -> list[dict]:
+    """Each row's inputs without its padding: ``input_ids`` and the per-token inputs where ``attention_mask`` is 1,
+    and the row's own images (consumed in order: a row holds as many images as its image tokens need), split as the
+    table row's ``image_layout`` says."""
+    spec = info.spec
     ids = kwargs["input_ids"]
     mask = kwargs.get("attention_mask")
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    counts = (ids == image_token_id).masked_fill(~mask, False).sum(1).tolist()  # image tokens per row
-    grid = kwargs.get("image_grid_thw")
-    pixels = kwargs.get("pixel_values")
-    sizes = kwargs.get("image_sizes")
-    if grid is not None:  # Qwen-VL: image i has prod(grid_i) patch rows and prod(grid_i) / merge^2 tokens
+    counts = (ids == info.image_token_id).masked_fill(~mask, False).sum(1).tolist()  # image tokens per row
+    images = {k: kwargs[k] for k in spec.image_inputs if kwargs.get(k) is not None}
+    pixels = images.get("pixel_values")
+    if pixels is None:
+        per_image, patches = [], []
+    elif spec.image_layout == "grid":  # image i has prod(grid_i) patch rows and prod(grid_i) / merge^2 tokens
         merge = getattr(model.config.vision_config, "spatial_merge_size", 2)
-        patches = [int(g.prod()) for g in grid]
+        patches = [int(g.prod()) for g in images["image_grid_thw"]]
         per_image = [n // merge ** 2 for n in patches]
-    elif pixels is not None:  # LLaVA: every image gives the same number of tokens
+    elif spec.image_layout == "per_image":  # every image gives the same number of tokens
         total = sum(counts)
         if total % pixels.shape[0]:
             raise ValueError(f"{total} image tokens do not split over {pixels.shape[0]} images")
         per_image = [total // pixels.shape[0]] * pixels.shape[0]
         patches = [1] * pixels.shape[0]
     else:
-        per_image, patches = [], []
+        raise ValueError(f"OPERA decodes row by row and cannot split {spec.kind}'s {spec.image_layout} image inputs")
     rows, img, patch = [], 0, 0
     for b, need in enumerate(counts):
         first_img, first_patch = img, patch
@@ -511,14 +508,11 @@ def _split_rows(model, kwargs: dict, image_token_id: int) -> list[dict]:
             raise ValueError(f"row {b}: its image tokens do not match whole images")
         keep = mask[b]
         row = {"input_ids": ids[b][keep][None]}
-        if kwargs.get("mm_token_type_ids") is not None:
-            row["mm_token_type_ids"] = kwargs["mm_token_type_ids"][b][keep][None]
-        if pixels is not None:
-            row["pixel_values"] = pixels[first_patch:patch]
-        if grid is not None:
-            row["image_grid_thw"] = grid[first_img:img]
-        if sizes is not None:
-            row["image_sizes"] = sizes[first_img:img]
+        for key in spec.token_inputs:
+            if kwargs.get(key) is not None:
+                row[key] = kwargs[key][b][keep][None]
+        for key, value in images.items():  # pixel rows by patch, the rest (grid, sizes, masks) by image
+            row[key] = value[first_patch:patch] if key == "pixel_values" else value[first_img:img]
         rows.append(row)
     if img != len(per_image):
         raise ValueError(f"{len(per_image)} images given but the prompts hold image tokens for {img}")
@@ -561,8 +555,8 @@ class OPERA(Baseline):
         stack.callback(lambda: model.__dict__.pop("generate", None))
 
     def _generate(self, model, info, kwargs: dict, opts: dict) -> torch.Tensor:
-        unknown = sorted(k for k in kwargs if k not in ("input_ids", "attention_mask", "mm_token_type_ids",
-                                                        *IMAGE_KEYS))
+        unknown = sorted(k for k in kwargs if k not in ("input_ids", "attention_mask", *info.spec.token_inputs,
+                                                        *info.spec.image_inputs))
         if unknown:
             raise ValueError(f"OPERA's generate does not take {unknown}")
         gc = copy.deepcopy(opts.pop("generation_config", None) or model.generation_config)
@@ -588,7 +582,7 @@ class OPERA(Baseline):
         counters = {k: 0 for k in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards",
                                    "banned_candidates")}
         outs = []
-        for row in _split_rows(model, kwargs, info.image_token_id):
+        for row in _split_rows(model, kwargs, info):
             new, _ = opera_beam_search(model, row, max_new, self.config, eos_token_id=eos, pad_token_id=pad,
                                        min_new_tokens=int(gc.min_new_tokens or 0),
                                        length_penalty=1.0 if gc.length_penalty is None else float(gc.length_penalty),

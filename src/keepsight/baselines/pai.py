@@ -37,7 +37,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..models.arch import arch_info, starts_sequence
+from ..models.arch import arch_info, rope_state_kept, starts_sequence
 from .base import Baseline, layer_range, number
 
 PAI_ATTENTION = "keepsight_pai"
@@ -189,16 +189,13 @@ class PAI(Baseline):
             step_ids = ids
         am_t = self._text["am"]
         pos = (am_t.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-        holder = getattr(model, "model", None)
-        saved = getattr(holder, "rope_deltas", None)
         self.text_stream = True
         try:
-            out = model(input_ids=step_ids, attention_mask=am_t, position_ids=pos, cache=self._text["cache"],
-                        use_cache=True)
+            with rope_state_kept(model):
+                out = model(input_ids=step_ids, attention_mask=am_t, position_ids=pos, cache=self._text["cache"],
+                            use_cache=True)
         finally:
             self.text_stream = False
-            if holder is not None and hasattr(holder, "rope_deltas"):
-                holder.rope_deltas = saved
         return out.logits[:, -1]
 
     def _refine(self, model, kwargs, logits: torch.Tensor, prefill: bool) -> torch.Tensor:

@@ -11,6 +11,7 @@ A *kind* is transformers' ``model_type`` where that names the architecture, else
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ import torch
 from torch import nn
 
 FAMILIES = ("autoregressive", "diffusion", "text")
+ROPE_KINDS = ("1d", "mrope", "none")
+IMAGE_LAYOUTS = ("per_image", "grid", "tiles")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LLaMA-style names
 
 
 @dataclass(frozen=True)
@@ -34,27 +38,56 @@ class ArchSpec:
     #                                              self-attention: the released PVM block's query
     projector: str | None = None  # attribute path of the vision -> LLM projector / merger
     projector_swappable: bool = False  # ``keepsight.bridge.replace_projector`` can replace it
+    tower: str | None = None  # attribute path of the vision tower (frozen by the fine-tuning recipes)
+    rope: str = "1d"  # the text model's RoPE: "1d", "mrope" (3-D positions from the image grid) or "none"
+    rope_state: tuple[str, ...] = ()  # attribute paths the model caches positions in between forwards (Qwen-VL's
+    #                                   rope_deltas): a second stream of the same model restores them afterwards
+    lora_targets: tuple[str, ...] = PROJECTIONS  # linear modules of a decoder layer the LoRA control adapts
+    image_layout: str = "per_image"  # how the pixel inputs split by image: "per_image" (dim 0, one entry per image,
+    #                                  equal token counts), "grid" (patch rows, image_grid_thw rows per image),
+    #                                  "tiles" (a variable number of tiles per image)
+    image_inputs: tuple[str, ...] = ("pixel_values",)  # processor outputs that carry the images
+    token_inputs: tuple[str, ...] = ()  # processor outputs aligned with input_ids ([B, T]: mm_token_type_ids, ...)
     processor_fallback: str | None = None  # "qwen_image": image-only processor when AutoProcessor needs torchvision
     loadable: bool = True  # ``load_checkpoint`` reads a directory of this kind
+    unsupported: tuple[tuple[str, str], ...] = ()  # (method, why) for each method that does not apply to this kind
     note: str = ""  # shown when a directory of this kind cannot be loaded
 
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"{self.kind}: family must be one of {FAMILIES}, got {self.family!r}")
+        if self.rope not in ROPE_KINDS:
+            raise ValueError(f"{self.kind}: rope must be one of {ROPE_KINDS}, got {self.rope!r}")
+        if self.image_layout not in IMAGE_LAYOUTS:
+            raise ValueError(f"{self.kind}: image_layout must be one of {IMAGE_LAYOUTS}, got {self.image_layout!r}")
+
+    def why_not(self, method: str) -> str | None:
+        """Why ``method`` does not apply to this kind (None: it does, as far as the family allows)."""
+        if method == "bridge" and not self.projector_swappable:
+            return "LIA-MTR replaces a LLaVA projector (LlavaForConditionalGeneration's); this model's is not one"
+        if method == "mrs" and self.rope == "none":
+            return "Monotonic RoPE Scaling needs a RoPE text model"
+        return dict(self.unsupported).get(method)
+
+
+_QWEN_VL = dict(projector="model.visual.merger", tower="model.visual", rope="mrope", rope_state=("model.rope_deltas",),
+                image_layout="grid", image_inputs=("pixel_values", "image_grid_thw"), token_inputs=("mm_token_type_ids",),
+                processor_fallback="qwen_image")
+_LLAVA = dict(projector="model.multi_modal_projector", tower="model.vision_tower")
 
 _ROWS = (
-    ArchSpec("llava", "autoregressive", "model.language_model", projector="model.multi_modal_projector",
-             projector_swappable=True),
-    ArchSpec("keepsight_llava", "autoregressive", "model.language_model", projector="model.multi_modal_projector",
-             projector_swappable=True),  # a LLaVA whose projector keepsight replaced (keepsight.bridge)
-    ArchSpec("qwen3_vl", "autoregressive", "model.language_model", projector="model.visual.merger",
-             processor_fallback="qwen_image"),
-    ArchSpec("qwen2_5_vl", "autoregressive", "model.language_model", projector="model.visual.merger",
-             processor_fallback="qwen_image"),
-    ArchSpec("llada_v", "diffusion", "model.language_model", projector="model.multi_modal_projector"),
-    ArchSpec("llada_lm", "diffusion", "model", vlm=False),
+    ArchSpec("llava", "autoregressive", "model.language_model", projector_swappable=True, **_LLAVA),
+    ArchSpec("keepsight_llava", "autoregressive", "model.language_model", projector_swappable=True,
+             **_LLAVA),  # a LLaVA whose projector keepsight replaced (keepsight.bridge)
+    ArchSpec("qwen3_vl", "autoregressive", "model.language_model", **_QWEN_VL),
+    ArchSpec("qwen2_5_vl", "autoregressive", "model.language_model", **_QWEN_VL),
+    ArchSpec("llada_v", "diffusion", "model.language_model", **_LLAVA),
+    ArchSpec("llada_lm", "diffusion", "model", vlm=False, image_inputs=()),
     # LLaDA-V as shipped (config + weights in the LLaVA repository's layout): keepsight.models.llada_official
-    ArchSpec("llava_llada", "diffusion", "model.language_model", projector="model.multi_modal_projector"),
+    ArchSpec("llava_llada", "diffusion", "model.language_model", **_LLAVA),
     # plain RoPE language models: MRS and the NTK / YaRN baselines run on them; the loader refuses them
-    ArchSpec("qwen3", "text", "model", vlm=False, loadable=False),
-    ArchSpec("llama", "text", "model", vlm=False, loadable=False),
+    ArchSpec("qwen3", "text", "model", vlm=False, loadable=False, image_inputs=()),
+    ArchSpec("llama", "text", "model", vlm=False, loadable=False, image_inputs=()),
 )
 ARCHITECTURES: dict[str, ArchSpec] = {row.kind: row for row in _ROWS}
 AUTOREGRESSIVE = tuple(k for k, r in ARCHITECTURES.items() if r.family == "autoregressive")
@@ -88,7 +121,9 @@ def kind_of(config) -> str:
 
 
 def arch_spec(model_or_kind) -> ArchSpec:
-    """The table row of a kind name, a config, or a model."""
+    """The table row of a kind name, a config, or a model (a row is its own row)."""
+    if isinstance(model_or_kind, ArchSpec):
+        return model_or_kind
     if isinstance(model_or_kind, str):
         if model_or_kind not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {model_or_kind!r}; {supported()}")
@@ -110,6 +145,43 @@ def visual_token_ids(config) -> tuple[int, ...]:
     video token."""
     ids = [image_token_id(config), _get(config, "video_token_id")]
     return tuple(int(i) for i in ids if i is not None)
+
+
+def check_method(model_or_kind, method: str) -> None:
+    """A ValueError naming the kind and the reason when the table says ``method`` does not apply to it."""
+    spec = arch_spec(model_or_kind)
+    why = spec.why_not(method)
+    if why is not None:
+        raise ValueError(f"{method} does not apply to {spec.kind}: {why}")
+
+
+@contextlib.contextmanager
+def rope_state_kept(model: nn.Module):
+    """Restores the positions the model caches between forwards (the row's ``rope_state``) when the block ends: a
+    second stream of the same model (VCD's noised image, PAI's text-only prompt, OPERA's candidates) must not
+    move the main stream's positions."""
+    try:
+        spec = arch_spec(model)
+    except ValueError:
+        spec = None
+    saved = []
+    for path in spec.rope_state if spec is not None else ():
+        owner_path, _, attr = path.rpartition(".")
+        owner = _follow(model, owner_path)
+        saved.append((owner, attr, getattr(owner, attr, None)))
+    try:
+        yield
+    finally:
+        for owner, attr, value in saved:
+            if hasattr(owner, attr):
+                setattr(owner, attr, value)
+
+
+def is_tower_parameter(model_or_kind, name: str) -> bool:
+    """Whether the parameter ``name`` (as ``model.named_parameters()`` gives it, any wrapper prefix allowed)
+    belongs to the vision tower of the model (or kind, or row): the table row's ``tower``."""
+    tower = arch_spec(model_or_kind).tower
+    return tower is not None and f".{tower}." in f".{name}"
 
 
 def _follow(model: nn.Module, path: str) -> nn.Module:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..models.arch import arch_info, starts_sequence
+from ..models.arch import arch_info, check_method, starts_sequence
 from .block import PVMMemoryBlock
 from .config import PVMConfig
 from .module import PVMBranch
@@ -78,6 +78,7 @@ def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
         raise ValueError(f"config must be a PVMConfig (or None for the defaults), got {type(config).__name__}")
     config = config or PVMConfig()
     info = arch_info(model)
+    check_method(model, "pvm")
     layers = config.resolve_layers(len(info.layers))
     ref = info.lm_head.weight
     dtype = torch.float32 if config.master_dtype == "float32" else ref.dtype

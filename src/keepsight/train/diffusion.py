@@ -21,7 +21,7 @@ from torch import nn
 
 from ..data import IGNORE_INDEX, Sample, render_prompt
 from ..fingerprint import data_fingerprint, dir_fingerprint
-from ..models.arch import check_length
+from ..models.arch import arch_spec, check_length, is_tower_parameter
 from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions, _positive_int
 
@@ -114,12 +114,13 @@ class DiffusionRecipe(Recipe):
 
     def load(self):
         model, processor = self.init()
+        self.spec = arch_spec(model)
         check_length(model, self.options.answer_length, "answer_length")
         self.objective = MaskedDiffusionObjective(model, processor.tokenizer.mask_token_id, self.options.eps)
         return model, processor
 
     def trainable(self, name: str) -> bool:
-        return "vision_tower" not in name
+        return not is_tower_parameter(self.spec, name)
 
     def trainer_module(self, model):
         return self.objective

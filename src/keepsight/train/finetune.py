@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
-from ..models import load_checkpoint
+from ..models import arch_spec, load_checkpoint
+from ..models.arch import is_tower_parameter
 from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions
 
@@ -37,10 +38,12 @@ class FinetuneRecipe(Recipe):
         return {"base": dir_fingerprint(self.model_dir), "data": data_fingerprint(self.data)}
 
     def load(self):
-        return load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
+        model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
+        self.spec = arch_spec(model)
+        return model, processor
 
     def trainable(self, name: str) -> bool:
-        return "vision_tower" not in name and ".visual." not in name
+        return not is_tower_parameter(self.spec, name)
 
     def dataset(self, processor):
         return self.data

@@ -19,14 +19,13 @@ from torch import nn
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
-from ..models.arch import signature, signature_mismatch
+from ..models.arch import check_method, signature, signature_mismatch
 from ..models.weights import check_weights
 from ..pvm import PVMConfig, build_block
 from .recipe import Recipe, publish_directory, run_recipe
 from .trainer import TrainOptions
 
 SUMMARY_FILE = "lora_train.json"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(kw_only=True)
@@ -44,18 +43,21 @@ def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
 
 
 def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:
-    """Full module names of the attention / FFN projections of the given decoder layers."""
+    """Full module names of the attention / FFN projections (the table row's ``lora_targets``) of the given decoder
+    layers."""
     info = arch_info(model)
+    check_method(model, "lora")
+    projections = info.spec.lora_targets
     names = {id(m): n for n, m in model.named_modules()}
     out = []
     for i in layers:
         if not 0 <= i < len(info.layers):
             raise ValueError(f"layer {i} out of range for a model with {len(info.layers)} decoder layers")
         for sub, mod in info.layers[i].named_modules():
-            if isinstance(mod, nn.Linear) and sub.split(".")[-1] in PROJECTIONS:
+            if isinstance(mod, nn.Linear) and sub.split(".")[-1] in projections:
                 out.append(f"{names[id(info.layers[i])]}.{sub}")
     if not out:
-        raise ValueError(f"no {PROJECTIONS} linear layers found in decoder layers {layers}")
+        raise ValueError(f"no {projections} linear layers found in decoder layers {layers}")
     return out
 
 
