@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.arch import arch_spec
 from .base import Baseline, Stream, capture_image_inputs, number
 
 SCHEDULES = ("sigmoid", "linear")
@@ -73,7 +74,7 @@ def alpha_bar(step: int, diffusion_steps: int = 1000, schedule: str = "sigmoid")
 
 
 def _split(pixel_values: torch.Tensor, grid: torch.Tensor | None) -> list[torch.Tensor]:
-    """One tensor per image: LLaVA's ``[N, C, H, W]`` by its first dim, Qwen-VL's flat patches by the grid."""
+    """One tensor per image (or tile): ``[N, ...]`` by its first dim, flat patch rows (the "grid" layout) by the grid."""
     if grid is None:
         return list(pixel_values.unbind(0))
     return list(pixel_values.split([int(n) for n in grid.prod(-1)], 0))
@@ -100,6 +101,7 @@ class VCD(Baseline):
 
     def _install(self, model, stack) -> None:
         cfg = self.config
+        grid_layout = arch_spec(model).image_layout == "grid"  # the row: pixel rows split by image_grid_thw
         stream = Stream(model)
         images = capture_image_inputs(model, stack, skip=lambda: stream.inside)
 
@@ -111,7 +113,8 @@ class VCD(Baseline):
                 kw.pop("mm_encoder_outputs")
                 kw.update({k: v for k, v in images.items() if k not in kw and k != "return_dict"})
             if kw.get("pixel_values") is not None:
-                kw["pixel_values"] = distort(kw["pixel_values"], cfg.noise_step, cfg.seed, kw.get("image_grid_thw"),
+                grid = kw.get("image_grid_thw") if grid_layout else None
+                kw["pixel_values"] = distort(kw["pixel_values"], cfg.noise_step, cfg.seed, grid,
                                              cfg.diffusion_steps, cfg.schedule)
             elif prefill:
                 raise ValueError("VCD needs the image (pixel_values) on the forward that starts a sequence")

@@ -46,7 +46,7 @@ def assistant_spans(processor, sample: Sample, n_tokens: int) -> list[tuple[int,
                                  "before an assistant turn as a prefix of the whole; cannot tell the answer's tokens")
             return len(ids) + offset
         images = [im for im, _ in zip(sample.images, range(sum(_has_image(m) for m in sample.messages[:upto])))]
-        kw = {"images": images} if images else {}
+        kw = {"images": [images]} if images else {}  # one row
         return int(processor(text=[text], return_tensors="pt", **kw)["input_ids"].shape[1])
 
     spans = []
@@ -85,9 +85,8 @@ class VLMCollator:
 
     def __call__(self, batch: list[Sample]) -> dict:
         proc = self.processor
-        images = [im for s in batch for im in s.images]
         texts = [render(proc, s.messages).rstrip() for s in batch]
-        kw = {"images": images} if images else {}
+        kw = {"images": [list(s.images) for s in batch]} if any(s.images for s in batch) else {}  # one list per row
         with padding_side(proc.tokenizer, "right"):
             enc = proc(text=texts, return_tensors="pt", padding=True, **kw)
         ids = enc["input_ids"]  # [B, T]

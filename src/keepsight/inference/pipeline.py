@@ -194,11 +194,15 @@ class Pipeline:
             messages.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
         return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def encode(self, texts: list[str], images: list, side: str = "left"):
-        """Processor batch on the model's device (floating tensors in the model dtype), padded on ``side``."""
+    def encode(self, texts: list[str], images: list[list], side: str = "left"):
+        """Processor batch on the model's device (floating tensors in the model dtype), padded on ``side``.
+        ``images``: one list per text (every family's processor takes that form; Gemma 3's and Idefics 3's need it
+        to tell the rows' images apart)."""
+        if len(images) != len(texts):
+            raise ValueError(f"{len(images)} image lists for {len(texts)} prompts (give one list per prompt)")
         kwargs: dict = {"text": texts, "return_tensors": "pt", "padding": True}
-        if images:
-            kwargs["images"] = images
+        if any(images):
+            kwargs["images"] = [list(row) for row in images]
         bos = self.tokenizer.bos_token
         if bos and all(t.startswith(bos) for t in texts):
             kwargs["add_special_tokens"] = False  # the chat template wrote the bos already
@@ -227,13 +231,14 @@ class Pipeline:
             raise ValueError(f"images_per_prompt {images_per_prompt} does not fit {len(contexts)} prompts and "
                              f"{len(images)} images")
         prompts = [self.chat_prompt(c, n) for c, n in zip(contexts, images_per_prompt)]
-        texts = self.generate_prompts(prompts, images, gen_kwargs)
+        ends = [sum(images_per_prompt[: i + 1]) for i in range(len(images_per_prompt))]
+        texts = self.generate_prompts(prompts, [images[e - n: e] for e, n in zip(ends, images_per_prompt)], gen_kwargs)
         return Generation(texts, self.decoding_stats())
 
     def generate_samples(self, samples: list, gen_kwargs=None) -> list[str]:
         """Answers to a batch of ``Sample``s (a user's dataset: ``keepsight eval generate``), by this model's
         method; ``gen_kwargs`` as lmms-eval's (greedy, ``max_new_tokens`` by default)."""
-        return self.generate_prompts([self.sample_prompt(s) for s in samples], [im for s in samples for im in s.images],
+        return self.generate_prompts([self.sample_prompt(s) for s in samples], [list(s.images) for s in samples],
                                      gen_kwargs)
 
     def decoding_stats(self) -> dict:
@@ -259,8 +264,8 @@ class Pipeline:
         return text.strip()
 
     @torch.no_grad()
-    def generate_prompts(self, prompts: list[str], images: list, gen_kwargs) -> list[str]:
-        """Answers to chat-formatted ``prompts`` (their ``images`` in order) by this model's method."""
+    def generate_prompts(self, prompts: list[str], images: list[list], gen_kwargs) -> list[str]:
+        """Answers to chat-formatted ``prompts`` (``images``: one list per prompt) by this model's method."""
         s = self.settings(gen_kwargs)
         enc = self.encode(prompts, images, "left")
         if self.method == "diffusion":
@@ -347,8 +352,8 @@ class Pipeline:
         continuation."""
         self.continuation_check()
         prompt = self.chat_prompt(context, len(images))
-        ctx_ids = self.encode([prompt], images, "right")["input_ids"][0]
-        full = self.encode([prompt + continuation], images, "right")
+        ctx_ids = self.encode([prompt], [images], "right")["input_ids"][0]
+        full = self.encode([prompt + continuation], [images], "right")
         ids = full["input_ids"][0]
         n = min(len(ids), len(ctx_ids))
         differ = (ids[:n] != ctx_ids[:n]).nonzero()

@@ -214,7 +214,7 @@ class KeepsightLMM(Pipeline):
                 vis = self._visuals(doc_to_visual, doc_id, task, split)
                 contexts.append(context)
                 counts.append(len(vis))
-                images += vis
+                images.append(list(vis))
             prompts = [self.chat_prompt(c, n) for c, n in zip(contexts, counts)]
             texts = self.generate_prompts(prompts, images, parsed[group[0]][1])
             for i, text in zip(group, texts):

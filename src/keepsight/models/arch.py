@@ -21,7 +21,7 @@ from torch import nn
 
 FAMILIES = ("autoregressive", "diffusion", "text")
 ROPE_KINDS = ("1d", "mrope", "none")
-IMAGE_LAYOUTS = ("per_image", "grid", "tiles")
+IMAGE_LAYOUTS = ("per_image", "grid", "variable")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LLaMA-style names
 
 
@@ -36,6 +36,10 @@ class ArchSpec:
     ffn: str = "mlp"  # FFN attribute of a decoder layer (PVM adds its update to this module's output)
     pvm_query: str = "post_attention_layernorm"  # the decoder-layer module whose input is the residual stream after
     #                                              self-attention: the released PVM block's query
+    pvm_update: str | None = None  # the decoder-layer module whose output PVM adds to (None: the FFN); Gemma 3
+    #                                normalises the FFN's output, so there it is the norm after it
+    attention: str = "self_attn"  # attribute of a decoder layer's softmax attention (hybrid stacks: some layers lack
+    #                               it, and the attention probes read the layers that have it)
     projector: str | None = None  # attribute path of the vision -> LLM projector / merger
     projector_swappable: bool = False  # ``keepsight.bridge.replace_projector`` can replace it
     tower: str | None = None  # attribute path of the vision tower (frozen by the fine-tuning recipes)
@@ -45,10 +49,11 @@ class ArchSpec:
     lora_targets: tuple[str, ...] = PROJECTIONS  # linear modules of a decoder layer the LoRA control adapts
     image_layout: str = "per_image"  # how the pixel inputs split by image: "per_image" (dim 0, one entry per image,
     #                                  equal token counts), "grid" (patch rows, image_grid_thw rows per image),
-    #                                  "tiles" (a variable number of tiles per image)
+    #                                  "variable" (tiles or sizes that give each image its own token count)
     image_inputs: tuple[str, ...] = ("pixel_values",)  # processor outputs that carry the images
     token_inputs: tuple[str, ...] = ()  # processor outputs aligned with input_ids ([B, T]: mm_token_type_ids, ...)
-    processor_fallback: str | None = None  # "qwen_image": image-only processor when AutoProcessor needs torchvision
+    processor_fallback: str | None = None  # the image-only processor class (keepsight.models.checkpoint.FALLBACKS) built
+    #                                        where the directory's own processor cannot be (it needs torchvision)
     loadable: bool = True  # ``load_checkpoint`` reads a directory of this kind
     unsupported: tuple[tuple[str, str], ...] = ()  # (method, why) for each method that does not apply to this kind
     note: str = ""  # shown when a directory of this kind cannot be loaded
@@ -72,8 +77,14 @@ class ArchSpec:
 
 _QWEN_VL = dict(projector="model.visual.merger", tower="model.visual", rope="mrope", rope_state=("model.rope_deltas",),
                 image_layout="grid", image_inputs=("pixel_values", "image_grid_thw"), token_inputs=("mm_token_type_ids",),
-                processor_fallback="qwen_image")
+                processor_fallback="QwenImageProcessor")
+_QWEN35 = {**_QWEN_VL, "processor_fallback": "Qwen3VLProcessorImageOnly"}
+_HYBRID = (("opera", "OPERA rolls its beams back by cropping the KV cache, and the Gated DeltaNet layers' recurrent "
+            "state cannot be cropped"),)
 _LLAVA = dict(projector="model.multi_modal_projector", tower="model.vision_tower")
+_OPERA_ROWS = ("opera", "OPERA decodes each row alone, and splitting a batch of images that give each its own token "
+               "count (tiles, sizes) into rows is not implemented")
+_VARIABLE = dict(image_layout="variable", unsupported=(_OPERA_ROWS,))
 
 _ROWS = (
     ArchSpec("llava", "autoregressive", "model.language_model", projector_swappable=True, **_LLAVA),
@@ -81,6 +92,30 @@ _ROWS = (
              **_LLAVA),  # a LLaVA whose projector keepsight replaced (keepsight.bridge)
     ArchSpec("qwen3_vl", "autoregressive", "model.language_model", **_QWEN_VL),
     ArchSpec("qwen2_5_vl", "autoregressive", "model.language_model", **_QWEN_VL),
+    # FFN: a sparse MoE block; Qwen3.5: a hybrid stack (Gated DeltaNet layers between the attention layers)
+    ArchSpec("qwen3_vl_moe", "autoregressive", "model.language_model", **_QWEN35),
+    ArchSpec("qwen3_5", "autoregressive", "model.language_model", unsupported=_HYBRID, **_QWEN35),
+    ArchSpec("qwen3_5_moe", "autoregressive", "model.language_model", unsupported=_HYBRID, **_QWEN35),
+    ArchSpec("glm4v", "autoregressive", "model.language_model", pvm_update="post_mlp_layernorm",
+             lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
+             **{**_QWEN_VL, "processor_fallback": "Glm4vProcessorImageOnly"}),
+    ArchSpec("llava_next", "autoregressive", "model.language_model", image_inputs=("pixel_values", "image_sizes"),
+             **_LLAVA, **_VARIABLE),
+    ArchSpec("llava_onevision", "autoregressive", "model.language_model", processor_fallback="LlavaOnevisionProcessorImageOnly",
+             image_inputs=("pixel_values", "image_sizes", "batch_num_images"), **_LLAVA, **_VARIABLE),
+    ArchSpec("mistral3", "autoregressive", "model.language_model", image_inputs=("pixel_values", "image_sizes"),
+             **_LLAVA, **_VARIABLE),
+    ArchSpec("internvl", "autoregressive", "model.language_model", processor_fallback="InternVLProcessorImageOnly", **_LLAVA,
+             **_VARIABLE),
+    # Gemma 3 normalises the attention and the FFN outputs before adding them: the residual stream after attention
+    # enters pre_feedforward_layernorm, and PVM adds to the FFN's normalised output
+    ArchSpec("gemma3", "autoregressive", "model.language_model", pvm_query="pre_feedforward_layernorm",
+             pvm_update="post_feedforward_layernorm", token_inputs=("token_type_ids",), **_LLAVA),
+    ArchSpec("idefics3", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
+             image_inputs=("pixel_values", "pixel_attention_mask"), **_VARIABLE),
+    ArchSpec("smolvlm", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
+             image_inputs=("pixel_values", "pixel_attention_mask"), processor_fallback="SmolVLMProcessorImageOnly",
+             **_VARIABLE),
     ArchSpec("llada_v", "diffusion", "model.language_model", **_LLAVA),
     ArchSpec("llada_lm", "diffusion", "model", vlm=False, image_inputs=()),
     # LLaDA-V as shipped (config + weights in the LLaVA repository's layout): keepsight.models.llada_official
@@ -233,6 +268,14 @@ class ArchInfo:
     def pvm_query(self, layer: int) -> nn.Module:
         """The module of decoder layer ``layer`` whose input is the residual stream after self-attention."""
         return getattr(self.layers[layer], self.spec.pvm_query)
+
+    def pvm_update(self, layer: int) -> nn.Module:
+        """The module of decoder layer ``layer`` whose output PVM's update is added to (the FFN unless the row says)."""
+        return getattr(self.layers[layer], self.spec.pvm_update or self.spec.ffn)
+
+    def attention_layers(self) -> list[int]:
+        """The decoder layers with softmax attention (all of them but in hybrid stacks)."""
+        return [i for i, layer in enumerate(self.layers) if hasattr(layer, self.spec.attention)]
 
 
 def arch_info(model: nn.Module) -> ArchInfo:

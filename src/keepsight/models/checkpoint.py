@@ -12,8 +12,9 @@ plugin, the Python API):
   repository layouts go through ``keepsight.models.llada.load_llada_v`` (its key map); a directory in the released
   PVM layout (``text_config.pvm_layers``, ``pvm_block.*`` weights) loads its backbone's class with the released
   blocks attached (``keepsight.pvm.layout``), without the directory's own Python files.
-- ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback (Qwen-VL without
-  torchvision, the CPU install here), the image-only ``keepsight.models.processors.QwenImageProcessor``.
+- ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback and the directory's own processor
+  cannot be built (its video half needs torchvision, which the CPU install lacks), that image-only processor
+  (``keepsight.models.processors.QwenImageProcessor``, ``keepsight.models.image_only``).
 
 dtype: ``auto`` (bf16 on a CUDA device that supports it, else fp16 on CUDA, fp32 on CPU), ``float32`` /
 ``fp32``, ``bfloat16`` / ``bf16``, ``float16`` / ``fp16``, or ``None``: the dtype the checkpoint was saved
@@ -36,6 +37,7 @@ from transformers import (
 
 from ..pvm.layout import load_released, released_pvm_config
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
+from .image_only import IMAGE_ONLY
 from .llada import load_llada_v
 from .llada_official import UNUSED_KEYS, official_config, official_processor
 from .processors import QwenImageProcessor
@@ -45,6 +47,8 @@ from .weights import check_weights
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
+# a row's processor_fallback -> the class that builds it from a directory (when the directory's own cannot be built)
+FALLBACKS = {"QwenImageProcessor": QwenImageProcessor, **IMAGE_ONLY}
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
@@ -152,16 +156,16 @@ def load_processor(path: str | os.PathLike, kind: str | None = None):
     """The directory's processor; the table's fallback (image-only Qwen-VL) where AutoProcessor cannot build it."""
     path = Path(path)
     spec = arch_spec(kind or checkpoint_kind(path))
-    fallback = spec.processor_fallback == "qwen_image"
+    fallback = FALLBACKS.get(spec.processor_fallback)
     try:
         processor = AutoProcessor.from_pretrained(path)
-    except (ImportError, AttributeError, ValueError, OSError) as e:
-        if fallback:
-            return QwenImageProcessor.from_pretrained(path)
+    except (ImportError, AttributeError, ValueError, OSError, TypeError) as e:
+        if fallback is not None:
+            return fallback.from_pretrained(path)
         raise ValueError(f"cannot load a processor from {path}: {type(e).__name__}: {e}") from e
     if getattr(processor, "image_processor", None) is None:
-        if fallback:
-            return QwenImageProcessor.from_pretrained(path)
+        if fallback is not None:
+            return fallback.from_pretrained(path)
         raise ValueError(f"{path} has no image processor ({type(processor).__name__}); save the model's processor "
                          "beside it (processor.save_pretrained)")
     return processor

@@ -57,7 +57,12 @@ class VisualAttentionProbe:
     def __init__(self, model: nn.Module, layers=None):
         self.model = model
         self.info = arch_info(model)
-        self.layers = check_layers(layers, len(self.info.layers))
+        attention = self.info.attention_layers()
+        self.layers = attention if layers is None else check_layers(layers, len(self.info.layers))
+        other = sorted(set(self.layers) - set(attention))
+        if other:
+            raise ValueError(f"decoder layer(s) {other} of this {self.info.model_type} model have no softmax attention "
+                             f"(a hybrid stack); the probe reads layers {attention}")
         self._slot = {layer: i for i, layer in enumerate(self.layers)}
         self.log_ratio: list[torch.Tensor] = []
         self._step: list[torch.Tensor | None] = []
@@ -131,6 +136,10 @@ class VisualAttentionProbe:
         scores = torch.einsum("bgrd,bgtd->bgrt", q.view(b, kv, h // kv, d), k).reshape(b, h, -1) * scale
         if scores.shape[-1] != self._visual.shape[1]:
             raise RuntimeError(f"layer {layer}: {scores.shape[-1]} keys but {self._visual.shape[1]} tracked tokens")
+        window = getattr(module, "sliding_window", None)
+        if window and scores.shape[-1] > window:  # the layer sees only its window; the mass over all keys would lie
+            raise ValueError(f"layer {layer} attends within a sliding window of {window} tokens but the sequence holds "
+                             f"{scores.shape[-1]}; probe global layers only or a shorter sequence")
         neg = torch.finfo(scores.dtype).min
         vis = (self._visual & self._valid)[:, None, :]  # [B, 1, Tk]
         txt = (~self._visual & self._valid)[:, None, :]

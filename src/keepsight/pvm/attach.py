@@ -90,9 +90,10 @@ def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
     st.hooks.append(model.register_forward_hook(_top_hook))
     st.hooks.append(info.language_model.register_forward_pre_hook(_make_lm_pre_hook(model), with_kwargs=True))
     for i in layers:
-        if config.variant == "released":
-            st.hooks.append(info.pvm_query(i).register_forward_pre_hook(_make_query_hook(model, str(i))))
-        st.hooks.append(info.ffn(i).register_forward_hook(_make_ffn_hook(model, str(i))))
+        # the query: the residual stream after self-attention (released) or the FFN's input (branch)
+        source = info.pvm_query(i) if config.variant == "released" else info.ffn(i)
+        st.hooks.append(source.register_forward_pre_hook(_make_query_hook(model, str(i))))
+        st.hooks.append(info.pvm_update(i).register_forward_hook(_make_ffn_hook(model, str(i))))
     return model
 
 
@@ -250,7 +251,7 @@ def _make_lm_pre_hook(model):
 
 def _make_query_hook(model, key: str):
     def hook(norm, args):
-        model._keepsight_pvm.queries[key] = args[0]  # [B, T, d]: the residual stream after self-attention
+        model._keepsight_pvm.queries[key] = args[0]  # [B, T, d]
 
     return hook
 
@@ -260,7 +261,7 @@ def _make_ffn_hook(model, key: str):
         st = model._keepsight_pvm
         if not st.enabled:
             return output
-        query = st.queries.pop(key) if st.config.variant == "released" else args[0]  # [B, T, d]
+        query = st.queries.pop(key)  # [B, T, d]
         text_mask, mem = st.text_mask, st.memory
         if text_mask is None or mem is None:
             raise RuntimeError("PVM: the FFN ran outside a forward of the model PVM is attached to")

@@ -96,6 +96,16 @@ class CrossAttention(nn.Module):
         return self.o_proj(out), weights
 
 
+def ffn_width(text_config) -> int:
+    """The backbone's FFN width: ``intermediate_size``, or one expert's (``moe_intermediate_size``) in a sparse MoE
+    stack that names no dense width."""
+    for key in ("intermediate_size", "moe_intermediate_size"):
+        width = getattr(text_config, key, None)
+        if isinstance(width, int) and width > 0:
+            return width
+    raise ValueError(f"{type(text_config).__name__} names no FFN width (intermediate_size or moe_intermediate_size)")
+
+
 class SwiGLU(nn.Module):
     def __init__(self, p: int, intermediate: int, act: str):
         super().__init__()
@@ -127,7 +137,7 @@ class PVMMemoryBlock(nn.Module):
         self.post_attn_norm = RMSNorm(p, eps)
         self.cross_attn = CrossAttention(p, head_dim, max(1, heads // kv), bool(getattr(text_config, "attention_bias",
                                                                                        False)), eps, config.dropout)
-        self.mlp = SwiGLU(p, int(p * text_config.intermediate_size / d), getattr(text_config, "hidden_act", "silu"))
+        self.mlp = SwiGLU(p, int(p * ffn_width(text_config) / d), getattr(text_config, "hidden_act", "silu"))
         self.gate_alpha = nn.Parameter(torch.zeros(1))
         std = getattr(text_config, "initializer_range", 0.02)
         for module in self.modules():  # the backbone's initialisation (its _init_weights: normal Linear, unit norms)

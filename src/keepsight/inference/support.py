@@ -1,0 +1,57 @@
+"""The support matrix: which method and diagnostic runs on which architecture, read from the architecture table
+(``keepsight.models.arch``) and the method registry, so it cannot drift from either. ``keepsight models`` prints
+it; README shows its output.
+
+A cell is ``yes`` (it runs: the tests build a tiny model of that row and run it), ``-`` (another family's
+method) or ``no`` with a footnote (the row rules it out, and applying it is an error naming the reason).
+"""
+
+from __future__ import annotations
+
+from ..models.arch import ARCHITECTURES
+from .registry import METHODS
+
+# what runs on a model beside the registry's methods: the diagnostics and the LoRA control arm (a training recipe)
+EXTRA = {"attention": "autoregressive", "logit_lens": "autoregressive", "lora": "autoregressive"}
+TITLES = {"attention": "attention mass / TVR", "logit_lens": "LogitLens", "lora": "LoRA control",
+          "diffusion": "LLaDA sampler"}
+
+
+def columns() -> list[tuple[str, str]]:
+    """``(name, family)`` of every matrix column: diagnostics first, then the methods in registry order."""
+    methods = [(m.name, m.family) for m in METHODS.values() if m.name != "none"]
+    return [(n, f) for n, f in EXTRA.items() if n != "lora"] + [("lora", "autoregressive")] + methods
+
+
+def kinds() -> list[str]:
+    """The rows of the matrix: every kind ``load_checkpoint`` reads."""
+    return [k for k, spec in ARCHITECTURES.items() if spec.loadable]
+
+
+def support(kind: str) -> dict[str, str | None]:
+    """``{column: None (runs) | "-" (another family's) | why it does not apply}`` for one kind."""
+    spec = ARCHITECTURES[kind]
+    return {name: "-" if family != spec.family else spec.why_not(name) for name, family in columns()}
+
+
+def matrix_markdown() -> str:
+    """The matrix as a Markdown table, reasons as numbered footnotes below it."""
+    cols = columns()
+    head = "| model_type | family | " + " | ".join(TITLES.get(n, n) for n, _ in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    notes: list[str] = []
+    for kind in kinds():
+        cells = []
+        for name, _ in cols:
+            why = support(kind)[name]
+            if why is None:
+                cells.append("yes")
+            elif why == "-":
+                cells.append("-")
+            else:
+                if why not in notes:
+                    notes.append(why)
+                cells.append(f"no ({notes.index(why) + 1})")
+        lines.append(f"| `{kind}` | {ARCHITECTURES[kind].family} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"({i}) {why}" for i, why in enumerate(notes, 1)]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,133 @@
+"""Image-only processors for families whose transformers processor also builds a video processor.
+
+Every video processor class needs torchvision, which keepsight's CPU install does not have, and ``ProcessorMixin``
+refuses ``video_processor=None``. Each class here is its family's processor with ``__init__``'s arguments less
+``video_processor`` (``ProcessorMixin`` reads its sub-processors and the arguments it saves from that signature), so
+no video processor is asked for, saved or loaded; ``__call__``, the placeholder expansion and the chat template are
+the family's own code. keepsight measures images only, so nothing it runs is lost.
+
+The architecture table names one of these as a row's ``processor_fallback``; ``load_processor`` builds it when the
+directory's own processor cannot be built. ``register_image_only`` registers them with ``AutoProcessor`` (by
+config, only where torchvision is missing), so a directory saved with one of them loads back by its class name.
+
+``PixtralProcessor`` (Mistral 3's) has no video half, but its module imports one helper from the torchvision image
+processor's module; ``pixtral_processor`` imports it with the identical helper of the PIL image processor's module
+standing in (only where torchvision is missing).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+from transformers import (
+    AutoProcessor,
+    Glm4vConfig,
+    Glm4vProcessor,
+    InternVLConfig,
+    InternVLProcessor,
+    LlavaOnevisionConfig,
+    LlavaOnevisionProcessor,
+    ProcessorMixin,
+    Qwen3_5Config,
+    Qwen3_5MoeConfig,
+    Qwen3VLMoeConfig,
+    Qwen3VLProcessor,
+    SmolVLMConfig,
+    SmolVLMProcessor,
+)
+
+
+def has_torchvision() -> bool:
+    return importlib.util.find_spec("torchvision") is not None
+
+
+class LlavaOnevisionProcessorImageOnly(LlavaOnevisionProcessor):
+    def __init__(self, image_processor=None, tokenizer=None, num_image_tokens=None,
+                 vision_feature_select_strategy=None, chat_template=None, image_token="<image>",
+                 video_token="<video>", vision_aspect_ratio="anyres_max_9", **kwargs):
+        super().__init__(image_processor, tokenizer, None, num_image_tokens=num_image_tokens,
+                         vision_feature_select_strategy=vision_feature_select_strategy, chat_template=chat_template,
+                         image_token=image_token, video_token=video_token, vision_aspect_ratio=vision_aspect_ratio,
+                         **kwargs)
+
+
+class InternVLProcessorImageOnly(InternVLProcessor):
+    def __init__(self, image_processor=None, tokenizer=None, image_seq_length: int = 256, chat_template=None,
+                 **kwargs):
+        super().__init__(image_processor, tokenizer, None, image_seq_length=image_seq_length,
+                         chat_template=chat_template, **kwargs)
+
+
+class Qwen3VLProcessorImageOnly(Qwen3VLProcessor):
+    """Qwen3-VL's processor, also Qwen3.5's, Qwen3.5-MoE's and Qwen3-VL-MoE's."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+class Glm4vProcessorImageOnly(Glm4vProcessor):
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+class SmolVLMProcessorImageOnly(SmolVLMProcessor):
+    """SmolVLM's processor without its video half. The family's ``__init__`` refuses to run without the ``num2words``
+    package (not a dependency of keepsight), which only its video prompts use ("a video of {num2words(n)} frames"),
+    so this one sets the attributes that ``__init__`` sets, as it sets them, and skips that check."""
+
+    def __init__(self, image_processor, tokenizer, image_seq_len: int = 169, chat_template: str | None = None,
+                 **kwargs):
+        self.fake_image_token = getattr(tokenizer, "fake_image_token", "<fake_token_around_image>")
+        self.image_token = getattr(tokenizer, "image_token", "<image>")
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.end_of_utterance_token = getattr(tokenizer, "end_of_utterance_token", "<end_of_utterance>")
+        self.global_image_token = getattr(tokenizer, "global_image_token", "<global-img>")
+        self.image_seq_len = image_seq_len
+        self.video_token = getattr(tokenizer, "video_token", "<video>")
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+        # SmolVLM's own adds its video processor's frame-sampling defaults to the kwargs; there is none here
+        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+def pixtral_processor() -> type:
+    """transformers' ``PixtralProcessor`` class, importable without torchvision (see the module docstring)."""
+    try:
+        from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+    except ModuleNotFoundError as e:
+        if e.name != "torchvision":
+            raise
+        from transformers.models.pixtral import image_processing_pil_pixtral as pil
+
+        stand_in = types.ModuleType("transformers.models.pixtral.image_processing_pixtral")
+        stand_in.get_resize_output_image_size = pil.get_resize_output_image_size
+        sys.modules[stand_in.__name__] = stand_in
+        import transformers.models.pixtral
+        from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+        # where AutoProcessor looks the saved name "PixtralProcessor" up: the lazy package, which would otherwise
+        # hand out a placeholder that asks for torchvision
+        transformers.models.pixtral.PixtralProcessor = PixtralProcessor
+    return PixtralProcessor
+
+
+IMAGE_ONLY = {cls.__name__: cls for cls in (LlavaOnevisionProcessorImageOnly, InternVLProcessorImageOnly,
+                                            Qwen3VLProcessorImageOnly, Glm4vProcessorImageOnly,
+                                            SmolVLMProcessorImageOnly)}
+_CONFIGS = ((LlavaOnevisionConfig, LlavaOnevisionProcessorImageOnly), (InternVLConfig, InternVLProcessorImageOnly),
+            (Glm4vConfig, Glm4vProcessorImageOnly), (SmolVLMConfig, SmolVLMProcessorImageOnly),
+            (Qwen3_5Config, Qwen3VLProcessorImageOnly), (Qwen3_5MoeConfig, Qwen3VLProcessorImageOnly),
+            (Qwen3VLMoeConfig, Qwen3VLProcessorImageOnly))
+
+
+def register_image_only() -> None:
+    """Idempotent. Where torchvision is missing: the image-only processors registered with ``AutoProcessor`` and
+    ``PixtralProcessor`` made importable."""
+    if has_torchvision():
+        return
+    pixtral_processor()
+    for config, cls in _CONFIGS:
+        AutoProcessor.register(config, cls, exist_ok=True)

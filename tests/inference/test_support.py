@@ -1,0 +1,50 @@
+"""The support matrix: read from the architecture table and the registry, shown in README, and every row's
+processor fallback a class the loader knows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from keepsight.cli import main
+from keepsight.inference.support import columns, kinds, matrix_markdown, support
+from keepsight.models.arch import ARCHITECTURES, ArchSpec, check_method
+from keepsight.models.checkpoint import FALLBACKS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_shows_the_matrix_as_the_command_prints_it(capsys):
+    text = README.read_text()
+    shown = re.search(r"<!-- keepsight models -->\n(.*?)<!-- /keepsight models -->", text, re.S)
+    assert shown, "README has no <!-- keepsight models --> block"
+    assert main(["models"]) == 0
+    printed = capsys.readouterr().out
+    assert shown.group(1) == printed == matrix_markdown(), "README's support matrix is stale: paste `keepsight models`"
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {k: support(k) for k in kinds()}
+
+
+def test_cells_follow_the_rows():
+    assert support("llava")["bridge"] is None and support("qwen3_vl")["bridge"].startswith("LIA-MTR replaces")
+    assert support("llava_next")["opera"].startswith("OPERA decodes each row alone")
+    assert support("qwen3_5")["opera"].startswith("OPERA rolls its beams back")
+    assert support("llada_v")["pvm"] == "-" and support("llava")["mps"] == "-"
+    assert {name for name, _ in columns()} >= {"attention", "logit_lens", "lora", "pvm", "vcd", "opera", "mps"}
+    with pytest.raises(ValueError, match="opera does not apply to internvl: OPERA decodes each row alone"):
+        check_method("internvl", "opera")
+
+
+def test_every_fallback_is_a_class_the_loader_builds():
+    for kind, spec in ARCHITECTURES.items():
+        assert spec.processor_fallback is None or spec.processor_fallback in FALLBACKS, kind
+
+
+def test_a_row_with_an_unknown_setting_is_refused():
+    with pytest.raises(ValueError, match="rope must be one of"):
+        ArchSpec("x", "autoregressive", "model", rope="2d")
+    with pytest.raises(ValueError, match="image_layout must be one of"):
+        ArchSpec("x", "autoregressive", "model", image_layout="tiles")
