@@ -17,6 +17,7 @@ standing in (only where torchvision is missing).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import types
@@ -93,25 +94,26 @@ class SmolVLMProcessorImageOnly(SmolVLMProcessor):
         return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
 
 
+_PIXTRAL = "transformers.models.pixtral"
+
+
 def pixtral_processor() -> type:
-    """transformers' ``PixtralProcessor`` class, importable without torchvision (see the module docstring)."""
+    """transformers' ``PixtralProcessor`` class, importable without torchvision (see the module docstring). Its
+    module is imported by name: importing it is what fails where torchvision is missing."""
     try:
-        from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+        return importlib.import_module(f"{_PIXTRAL}.processing_pixtral").PixtralProcessor
     except ModuleNotFoundError as e:
         if e.name != "torchvision":
             raise
-        from transformers.models.pixtral import image_processing_pil_pixtral as pil
-
-        stand_in = types.ModuleType("transformers.models.pixtral.image_processing_pixtral")
-        stand_in.get_resize_output_image_size = pil.get_resize_output_image_size
-        sys.modules[stand_in.__name__] = stand_in
-        import transformers.models.pixtral
-        from transformers.models.pixtral.processing_pixtral import PixtralProcessor
-
-        # where AutoProcessor looks the saved name "PixtralProcessor" up: the lazy package, which would otherwise
-        # hand out a placeholder that asks for torchvision
-        transformers.models.pixtral.PixtralProcessor = PixtralProcessor
-    return PixtralProcessor
+    pil = importlib.import_module(f"{_PIXTRAL}.image_processing_pil_pixtral")
+    stand_in = types.ModuleType(f"{_PIXTRAL}.image_processing_pixtral")
+    stand_in.get_resize_output_image_size = pil.get_resize_output_image_size
+    sys.modules[stand_in.__name__] = stand_in
+    cls = importlib.import_module(f"{_PIXTRAL}.processing_pixtral").PixtralProcessor
+    # where AutoProcessor looks the saved name "PixtralProcessor" up: the lazy package, which would otherwise hand
+    # out a placeholder that asks for torchvision
+    importlib.import_module(_PIXTRAL).PixtralProcessor = cls
+    return cls
 
 
 IMAGE_ONLY = {cls.__name__: cls for cls in (LlavaOnevisionProcessorImageOnly, InternVLProcessorImageOnly,
