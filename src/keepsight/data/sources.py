@@ -26,6 +26,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
+from ..jsonl import read_jsonl
 from .sample import Sample
 
 SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -67,14 +68,7 @@ def _read_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     else:
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        rows = [row for _, row in read_jsonl(path, "data")]
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"{path}: row {i} is a {type(row).__name__}, not a JSON object")
