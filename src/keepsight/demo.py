@@ -140,18 +140,15 @@ PROFILES = {
     # samplers; the seed-0 base is shared with the other profiles (its vision tower is the VLM's)
     "diffusion": DemoProfile(name="diffusion", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                              diffusion=DiffusionExperiment(
-                                 # 8 layers at the 4-layer model's lr 2e-3 stalled at loss ~3 for 1,200 steps (grad
-                                 # spikes to 19) and ended at 2.37 with no description learned (recall 0.000)
+                                 # lr 1e-3: the 4-layer model's 2e-3 makes the 8-layer one stall (loss spikes)
                                  train=DiffusionTrainConfig(steps=4000, lr=1e-3),
-                                 # varied descriptions alone: after 4,000 steps repetition 0.26 at T = 4 but object
-                                 # recall <= 0.03 (no description learned); fixed + varied: recall 0.23-0.33 but
-                                 # repetition 0.02 (the fixed order wins); so a curriculum: fixed + varied, then
-                                 # varied alone (new texts: seed 1)
+                                 # a curriculum: fixed + varied descriptions teach what to say (the fixed order
+                                 # alone leaves nothing to repeat), then varied ones alone (new texts: seed 1)
+                                 # leave many right answers per slot, where parallel decoding repeats
                                  tasks=("describe", "describe_varied"),
                                  finetune=DiffusionTrainConfig(steps=2000, lr=5e-4, seed=1),
-                                 # the fine-tuned model over the whole window stops after the header (recall 0 at
-                                 # every T); in blocks of 16 it describes (recall 0.18 at T = 64) and repeats at
-                                 # few steps (0.12 at T = 16, where recall is 0.09): the sweeps run at T = 16
+                                 # blocks of 16: over the whole window the model stops after the header; the
+                                 # sweeps run at T = 16, where it both describes and repeats
                                  block_length=16, sweep_steps=16,
                                  text_layers=8, steps_grid=(4, 8, 16, 32, 64),
                                  # the released MPS / MRS (lam, k, beta, eta, tau0, schedule), and our earlier
