@@ -2,7 +2,7 @@
 
 ``tiny_family(kind)`` returns ``(model, processor)`` for a transformers ``model_type`` (``"llava_next"``,
 ``"qwen3_5"``, ...): a randomly initialised ``AutoModelForImageTextToText`` class of that family with transformers'
-own model testers' sizes (text hidden 32, 2 decoder layers; vision hidden 32, 1-2 layers; 32-64 px images), and the
+own model testers' sizes (text hidden 32, 3 decoder layers: MemVR's window needs a layer on each side; vision hidden 32, 1-2 layers; 32-64 px images), and the
 family's processor class around the world tokenizer (``keepsight.world.processor.build_tokenizer``) plus the
 special tokens that processor needs, with a chat template that writes the family's image placeholder. Nothing is
 downloaded. ``save_family`` writes a directory that ``AutoModelForImageTextToText`` / ``AutoProcessor`` load back.
@@ -84,7 +84,7 @@ __all__ = ["FAMILY_BUILDERS", "family_batch", "save_family", "tiny_family"]
 
 # ----------------------------------------------------------------------------- shared pieces
 
-TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
 
 
@@ -240,7 +240,8 @@ def _gemma3(seed: int) -> tuple[PreTrainedModel, ProcessorMixin]:
     cfg = Gemma3Config(
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8),
-        text_config=_text("gemma3_text", tok, layer_types=["sliding_attention", "full_attention"], sliding_window=128,
+        text_config=_text("gemma3_text", tok, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                          sliding_window=128,
                           query_pre_attn_scalar=8, hidden_activation="gelu_pytorch_tanh"),
         mm_tokens_per_image=4, image_token_index=tok.image_token_id, boi_token_index=tok.boi_token_id,
         eoi_token_index=tok.eoi_token_id, tie_word_embeddings=False)
@@ -273,9 +274,9 @@ def _qwen_ids(tok) -> dict:
 
 QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=8, spatial_merge_size=2,
                    temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16)
-# Qwen3.5's decoder: one Gated DeltaNet (linear attention) layer, one full-attention layer with a gated output;
+# Qwen3.5's decoder: two Gated DeltaNet (linear attention) layers, then a full-attention layer with a gated output;
 # M-RoPE on a quarter of each 32-wide head (8 dims = 4 pairs split over t, h, w), interleaved
-QWEN3_5_TEXT = dict(head_dim=32, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
+QWEN3_5_TEXT = dict(head_dim=32, layer_types=["linear_attention", "linear_attention", "full_attention"], linear_conv_kernel_dim=4,
                     linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                      "mrope_section": [2, 1, 1], "mrope_interleaved": True})

@@ -26,6 +26,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0, "beta": 0.0},
         "memvr": {"threshold": 2.0}, "deco": {"alpha": 0.0}}
+STRONG = {"vcd": {"alpha": 1.0, "beta": 0.1}, "pai": {"alpha": 0.5, "gamma": 0.5},
+          "memvr": {"threshold": 0.0, "ratio": 0.5}, "deco": {"alpha": 0.6}}
 QUESTIONS = ["describe the scene .", "is there a red circle at b2 in the picture ?"]
 NEW = 4
 
@@ -105,13 +107,14 @@ def test_logit_lens_last_layer_is_the_model(family):
     assert len(steps) == 3 and ids.shape[1] == batch["input_ids"].shape[1] + 3
 
 
-def test_pvm_identity_cache_and_adapter_round_trip(family, tmp_path):
+@pytest.mark.parametrize("variant", ["released", "branch"])
+def test_pvm_identity_cache_and_adapter_round_trip(family, tmp_path, variant):
     kind, path, _, processor, batch, rows = family
     model, _ = load_checkpoint(path, dtype="float32", device="cpu")
     with torch.no_grad():
         base = model(**batch).logits
     base_gen = _gen(model, processor, batch)
-    attach_pvm(model, PVMConfig(layers=[0, 1]))
+    attach_pvm(model, PVMConfig(variant=variant, layers=[0, 1]))
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, base)  # gate 0: the model as it was
     assert torch.equal(_gen(model, processor, batch), base_gen)
@@ -121,15 +124,17 @@ def test_pvm_identity_cache_and_adapter_round_trip(family, tmp_path):
         changed = model(**batch).logits
     assert not torch.equal(changed, base)  # wired in
     # cached generation equals a full forward over the generated sequence, row by row (no padding)
+    visual = [[t] for t in arch_info(model).visual_token_ids]  # a random model may write an image token: not here
     for row in rows:
-        out = model.generate(**row, max_new_tokens=NEW, do_sample=False, output_scores=True,
+        out = model.generate(**row, max_new_tokens=NEW, do_sample=False, output_scores=True, bad_words_ids=visual,
                              return_dict_in_generate=True, pad_token_id=processor.tokenizer.pad_token_id)
         full = _extended(kind, row, out.sequences[:, :-1])
         with torch.no_grad():
             logits = model(**full).logits
         n = row["input_ids"].shape[1]
         for step, scores in enumerate(out.scores):
-            torch.testing.assert_close(scores, logits[:, n - 1 + step], atol=1e-4, rtol=1e-4)
+            fin = torch.isfinite(scores)  # the banned image tokens are -inf
+            torch.testing.assert_close(scores[fin], logits[:, n - 1 + step][fin], atol=1e-4, rtol=1e-4)
     save_pvm(model, tmp_path / "adapter")
     fresh, _ = load_checkpoint(path, dtype="float32", device="cpu")
     load_pvm(fresh, tmp_path / "adapter")
@@ -165,6 +170,28 @@ def test_baselines_at_zero_strength_are_the_plain_model(family, name):
     method = build_baseline(name, **ZERO[name])
     with method.apply(model):
         assert torch.equal(_gen(model, processor, batch), plain)
+
+
+@pytest.mark.parametrize("name", list(STRONG))
+def test_baselines_at_strength_act_and_keep_rows_apart(family, name):
+    """Each baseline's second stream, cached positions and image handling on the family: it acts (MemVR triggers,
+    the others move the logits), a left-padded batch gives each row's tokens alone, and nothing is left behind."""
+    kind, _, model, processor, batch, rows = family
+    if support(kind)[name] is not None:
+        return
+    plain = _gen(model, processor, batch)
+    method = build_baseline(name, **STRONG[name])
+    with method.apply(model):
+        together = _gen(model, processor, batch)[:, batch["input_ids"].shape[1]:]
+        for r, row in enumerate(rows):
+            alone = _gen(model, processor, row)[:, row["input_ids"].shape[1]:]
+            assert torch.equal(together[r, : alone.shape[1]], alone[0]), (name, r)
+    stats = method.stats()
+    if name == "memvr":
+        assert stats["triggered"] > 0
+    else:
+        assert stats["mean_logit_shift"] > 0
+    assert torch.equal(_gen(model, processor, batch), plain)  # removed on exit
 
 
 def test_opera_rows_alone_equal_the_batch(family):

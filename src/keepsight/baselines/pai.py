@@ -130,7 +130,7 @@ class PAI(Baseline):
         self.layers = set(layer_range("layers", self.config.layers if self.config.layers is not None
                                       else range(min(2, n - 1), n), n))
         drop = {info.image_token_id, *self.config.drop_token_ids}
-        for name in ("vision_start_token_id", "vision_end_token_id"):  # Qwen-VL's markers around each image
+        for name in info.spec.image_markers:  # the tokens the row names around each image (Qwen-VL's vision start / end)
             value = getattr(model.config, name, None)
             if isinstance(value, int):
                 drop.add(value)

@@ -89,7 +89,10 @@ def distort(pixel_values: torch.Tensor, step: int, seed: int, grid: torch.Tensor
         key = zlib.crc32(img.detach().float().cpu().numpy().tobytes()) ^ seed
         g = torch.Generator().manual_seed(key)
         eps = torch.randn(img.shape, generator=g, dtype=torch.float32).to(img.device, img.dtype)
-        out.append(ab ** 0.5 * img + (1 - ab) ** 0.5 * eps)
+        noised = ab ** 0.5 * img + (1 - ab) ** 0.5 * eps
+        if img.dim() >= 4:  # [tiles, C, H, W]: the processor pads a row's tiles with zeros; padding stays padding
+            noised[img.flatten(1).eq(0).all(-1)] = 0
+        out.append(noised)
     return torch.stack(out) if grid is None else torch.cat(out)
 
 

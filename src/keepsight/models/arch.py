@@ -52,6 +52,8 @@ class ArchSpec:
     #                                  "variable" (tiles or sizes that give each image its own token count)
     image_inputs: tuple[str, ...] = ("pixel_values",)  # processor outputs that carry the images
     token_inputs: tuple[str, ...] = ()  # processor outputs aligned with input_ids ([B, T]: mm_token_type_ids, ...)
+    image_markers: tuple[str, ...] = ()  # config keys of the token ids written around each image (PAI's text-only
+    #                                      prompt drops them with the image tokens)
     processor_fallback: str | None = None  # the image-only processor class (keepsight.models.checkpoint.FALLBACKS) built
     #                                        where the directory's own processor cannot be (it needs torchvision)
     loadable: bool = True  # ``load_checkpoint`` reads a directory of this kind
@@ -75,7 +77,7 @@ class ArchSpec:
         return dict(self.unsupported).get(method)
 
 
-_QWEN_VL = dict(projector="model.visual.merger", tower="model.visual", rope="mrope", rope_state=("model.rope_deltas",),
+_QWEN_VL = dict(image_markers=("vision_start_token_id", "vision_end_token_id"), projector="model.visual.merger", tower="model.visual", rope="mrope", rope_state=("model.rope_deltas",),
                 image_layout="grid", image_inputs=("pixel_values", "image_grid_thw"), token_inputs=("mm_token_type_ids",),
                 processor_fallback="QwenImageProcessor")
 _QWEN35 = {**_QWEN_VL, "processor_fallback": "Qwen3VLProcessorImageOnly"}
@@ -98,7 +100,8 @@ _ROWS = (
     ArchSpec("qwen3_5_moe", "autoregressive", "model.language_model", unsupported=_HYBRID, **_QWEN35),
     ArchSpec("glm4v", "autoregressive", "model.language_model", pvm_update="post_mlp_layernorm",
              lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
-             **{**_QWEN_VL, "processor_fallback": "Glm4vProcessorImageOnly"}),
+             **{**_QWEN_VL, "processor_fallback": "Glm4vProcessorImageOnly",
+                "image_markers": ("image_start_token_id", "image_end_token_id")}),
     ArchSpec("llava_next", "autoregressive", "model.language_model", image_inputs=("pixel_values", "image_sizes"),
              **_LLAVA, **_VARIABLE),
     ArchSpec("llava_onevision", "autoregressive", "model.language_model", processor_fallback="LlavaOnevisionProcessorImageOnly",
@@ -110,7 +113,8 @@ _ROWS = (
     # Gemma 3 normalises the attention and the FFN outputs before adding them: the residual stream after attention
     # enters pre_feedforward_layernorm, and PVM adds to the FFN's normalised output
     ArchSpec("gemma3", "autoregressive", "model.language_model", pvm_query="pre_feedforward_layernorm",
-             pvm_update="post_feedforward_layernorm", token_inputs=("token_type_ids",), **_LLAVA),
+             pvm_update="post_feedforward_layernorm", token_inputs=("token_type_ids",),
+             image_markers=("boi_token_index", "eoi_token_index"), **_LLAVA),
     ArchSpec("idefics3", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
              image_inputs=("pixel_values", "pixel_attention_mask"), **_VARIABLE),
     ArchSpec("smolvlm", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",

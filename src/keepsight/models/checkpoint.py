@@ -156,6 +156,7 @@ def load_processor(path: str | os.PathLike, kind: str | None = None):
     """The directory's processor; the table's fallback (image-only Qwen-VL) where AutoProcessor cannot build it."""
     path = Path(path)
     spec = arch_spec(kind or checkpoint_kind(path))
+    register_model_types()  # the image-only processors, where torchvision is missing
     fallback = FALLBACKS.get(spec.processor_fallback)
     try:
         processor = AutoProcessor.from_pretrained(path)

@@ -44,7 +44,7 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
     for i in range(0, len(samples), batch_size):
         texts = [chat_example(processor, PROMPTS[prompt])] * len(samples.images[i : i + batch_size])
         with padding_side(tok, "left"):
-            enc = processor(text=texts, images=samples.images[i : i + batch_size], return_tensors="pt",
+            enc = processor(text=texts, images=[[im] for im in samples.images[i : i + batch_size]], return_tensors="pt",
                             padding=True)
         with VisualAttentionProbe(model) as probe:
             ids, lens_steps = lens.generate(dict(enc), budget, pad_token_id=tok.pad_token_id,

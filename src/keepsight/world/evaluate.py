@@ -32,7 +32,7 @@ def _encoded_batches(model, processor, prompts: list[str], images: list, batch_s
     with padding_side(tok, side):
         for i in range(0, len(prompts), batch_size):
             texts = [chat_example(processor, p) for p in prompts[i : i + batch_size]]
-            yield processor(text=texts, images=images[i : i + batch_size], return_tensors="pt",
+            yield processor(text=texts, images=[[im] for im in images[i : i + batch_size]], return_tensors="pt",
                             padding=True).to(device)
 
 
@@ -153,7 +153,7 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
             batch = chats[i : i + batch_size]
             with padding_side(tok, "left"):
                 enc = processor(text=[render_prompt(processor, c) for c in batch],
-                                images=[im for c in batch for im in c.images], return_tensors="pt",
+                                images=[list(c.images) for c in batch], return_tensors="pt",
                                 padding=True).to(device)
             with VisualAttentionProbe(model) if probe else contextlib.nullcontext() as watch:
                 gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
