@@ -7,7 +7,7 @@ family's processor class around the world tokenizer (``keepsight.world.processor
 special tokens that processor needs, with a chat template that writes the family's image placeholder. Nothing is
 downloaded. ``save_family`` writes a directory that ``AutoModelForImageTextToText`` / ``AutoProcessor`` load back.
 
-Without torchvision (not installed here) the processors with a video half (LLaVA-OneVision, InternVL, Qwen3-VL /
+Without torchvision (not installed here) the processors with a video half (LLaVA-OneVision, InternVL, Gemma 4, Qwen3-VL /
 Qwen3.5, SmolVLM, GLM-4V) are keepsight's image-only versions (``keepsight.models.image_only``, the rows'
 ``processor_fallback``), and ``PixtralProcessor`` comes from ``keepsight.models.image_only.pixtral_processor``;
 Qwen3.5's directories carry a byte-level BPE (``Qwen3_5Tokenizer``) over the world's words, since ``AutoTokenizer``
@@ -34,6 +34,10 @@ from transformers import (
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
+    Gemma4AudioFeatureExtractor,
+    Gemma4Config,
+    Gemma4ForConditionalGeneration,
+    Gemma4ImageProcessorPil,
     Glm4vConfig,
     Glm4vForConditionalGeneration,
     Glm4vImageProcessorPil,
@@ -71,6 +75,7 @@ from transformers import (
 
 from keepsight.data import Sample, padding_side, render_prompt
 from keepsight.models.image_only import (
+    Gemma4ProcessorImageOnly,
     Glm4vProcessorImageOnly,
     InternVLProcessorImageOnly,
     LlavaOnevisionProcessorImageOnly,
@@ -257,6 +262,34 @@ QWEN_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
 QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what Qwen's chat templates write for an image
 
 
+def _gemma4(seed: int) -> tuple[PreTrainedModel, ProcessorMixin]:
+    """Gemma 4 (dense, as the 31B): Gemma 4 vision encoder (patch 8, 2-D RoPE, 2x2 pooling; images kept at their
+    aspect ratio, up to 70 soft tokens: its least budget), Gemma 4 decoder (sliding layers with head 8, a global one
+    with head 16, bidirectional attention over image tokens); the template writes ``<|image|>``, which the processor
+    expands to ``<start_of_image>`` + n x ``<|image|>`` + ``<end_of_image>``. Processor:
+    ``Gemma4ProcessorImageOnly``."""
+    tok = _tokenizer(named={"image_token": "<|image|>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                            "video_token": "<|video|>", "audio_token": "<audio_soft_token>",
+                            "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>"},
+                     placeholder="<|image|>")
+    images = Gemma4ImageProcessorPil(patch_size=8, max_soft_tokens=70, pooling_kernel_size=2)  # 70: its least
+    proc = Gemma4ProcessorImageOnly(Gemma4AudioFeatureExtractor(), images, tok, chat_template=tok.chat_template,
+                                    image_seq_length=70)
+    text = _text("gemma4_text", tok, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                 sliding_window=512, global_head_dim=16, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                 use_bidirectional_attention="vision", hidden_activation="gelu_pytorch_tanh")
+    ids = tok.convert_tokens_to_ids
+    cfg = Gemma4Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, head_dim=8, patch_size=8, pooling_kernel_size=2,
+                           position_embedding_size=64),
+        text_config=text, audio_config=None, image_token_id=tok.image_token_id, boi_token_id=tok.boi_token_id,
+        eoi_token_id=tok.eoi_token_id, video_token_id=tok.video_token_id, audio_token_id=tok.audio_token_id,
+        boa_token_id=ids("<start_of_audio>"), eoa_token_index=ids("<end_of_audio>"), tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return _finish(Gemma4ForConditionalGeneration(cfg), tok), proc
+
+
 def _qwen_processor(byte_level: bool = False) -> ProcessorMixin:
     """Qwen3-VL's processor: Qwen2-VL PIL image processor, patch 8, 2x2 merge, images resized to 32-64 px a side;
     the world tokenizer, or with ``byte_level`` a byte-level BPE over the world's words (Qwen3.5's, see
@@ -393,6 +426,7 @@ FAMILY_BUILDERS: dict[str, Callable[[int], tuple[PreTrainedModel, ProcessorMixin
     "smolvlm": _smolvlm,
     "glm4v": _glm4v,
     "qwen3_5_moe": _qwen3_5_moe,
+    "gemma4": _gemma4,
 }
 
 

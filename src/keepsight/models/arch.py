@@ -115,6 +115,12 @@ _ROWS = (
     ArchSpec("gemma3", "autoregressive", "model.language_model", pvm_query="pre_feedforward_layernorm",
              pvm_update="post_feedforward_layernorm", token_inputs=("token_type_ids",),
              image_markers=("boi_token_index", "eoi_token_index"), **_LLAVA),
+    # Gemma 4: as Gemma 3 around the FFN; images keep their aspect ratio (a token count of their own)
+    ArchSpec("gemma4", "autoregressive", "model.language_model", pvm_query="pre_feedforward_layernorm",
+             pvm_update="post_feedforward_layernorm", projector="model.embed_vision", tower="model.vision_tower",
+             image_inputs=("pixel_values", "image_position_ids"), token_inputs=("mm_token_type_ids",),
+             image_markers=("boi_token_id", "eoi_token_id"), processor_fallback="Gemma4ProcessorImageOnly",
+             **_VARIABLE),
     ArchSpec("idefics3", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
              image_inputs=("pixel_values", "pixel_attention_mask"), **_VARIABLE),
     ArchSpec("smolvlm", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
@@ -276,6 +282,13 @@ class ArchInfo:
     def pvm_update(self, layer: int) -> nn.Module:
         """The module of decoder layer ``layer`` whose output PVM's update is added to (the FFN unless the row says)."""
         return getattr(self.layers[layer], self.spec.pvm_update or self.spec.ffn)
+
+    def layer_config(self, layer: int):
+        """The text config as decoder layer ``layer`` sees it: its per-layer view where the stack is heterogeneous
+        (Gemma 4's head sizes differ between sliding and global layers), else the stack's config."""
+        config = self.language_model.config
+        per_layer = getattr(config, "per_layer_config", None)
+        return per_layer[layer] if per_layer is not None else config
 
     def attention_layers(self) -> list[int]:
         """The decoder layers with softmax attention (all of them but in hybrid stacks)."""

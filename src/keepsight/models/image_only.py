@@ -24,6 +24,8 @@ import types
 
 from transformers import (
     AutoProcessor,
+    Gemma4Config,
+    Gemma4Processor,
     Glm4vConfig,
     Glm4vProcessor,
     InternVLConfig,
@@ -97,6 +99,31 @@ class SmolVLMProcessorImageOnly(SmolVLMProcessor):
 _PIXTRAL = "transformers.models.pixtral"
 
 
+class Gemma4ProcessorImageOnly(Gemma4Processor):
+    """Gemma 4's processor without its video half; it keeps the audio feature extractor (which needs nothing more).
+    ``Gemma4Processor.__init__`` hands ``video_processor`` to ``ProcessorMixin`` by keyword, which a signature without
+    it refuses, so this one sets the attributes that ``__init__`` sets, as it sets them."""
+
+    def __init__(self, feature_extractor, image_processor, tokenizer, chat_template=None, image_seq_length: int = 280,
+                 audio_seq_length: int = 750, audio_ms_per_token: int = 40, **kwargs):
+        self.image_seq_length = image_seq_length
+        self.image_token_id = tokenizer.image_token_id
+        self.boi_token = tokenizer.boi_token
+        self.eoi_token = tokenizer.eoi_token
+        self.image_token = tokenizer.image_token
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|video|>"]})  # as Gemma4Processor does
+        self.video_token = "<|video|>"
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        self.audio_seq_length = audio_seq_length
+        self.audio_ms_per_token = audio_ms_per_token
+        self.audio_token_id = getattr(tokenizer, "audio_token_id", None)
+        self.audio_token = getattr(tokenizer, "audio_token", None)
+        self.boa_token = getattr(tokenizer, "boa_token", None)
+        self.eoa_token = getattr(tokenizer, "eoa_token", None)
+        ProcessorMixin.__init__(self, feature_extractor=feature_extractor, image_processor=image_processor,
+                                tokenizer=tokenizer, chat_template=chat_template, **kwargs)
+
+
 def pixtral_processor() -> type:
     """transformers' ``PixtralProcessor`` class, importable without torchvision (see the module docstring). Its
     module is imported by name: importing it is what fails where torchvision is missing."""
@@ -118,9 +145,10 @@ def pixtral_processor() -> type:
 
 IMAGE_ONLY = {cls.__name__: cls for cls in (LlavaOnevisionProcessorImageOnly, InternVLProcessorImageOnly,
                                             Qwen3VLProcessorImageOnly, Glm4vProcessorImageOnly,
-                                            SmolVLMProcessorImageOnly)}
+                                            SmolVLMProcessorImageOnly, Gemma4ProcessorImageOnly)}
 _CONFIGS = ((LlavaOnevisionConfig, LlavaOnevisionProcessorImageOnly), (InternVLConfig, InternVLProcessorImageOnly),
             (Glm4vConfig, Glm4vProcessorImageOnly), (SmolVLMConfig, SmolVLMProcessorImageOnly),
+            (Gemma4Config, Gemma4ProcessorImageOnly),
             (Qwen3_5Config, Qwen3VLProcessorImageOnly), (Qwen3_5MoeConfig, Qwen3VLProcessorImageOnly),
             (Qwen3VLMoeConfig, Qwen3VLProcessorImageOnly))
 

@@ -82,7 +82,7 @@ def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
     layers = config.resolve_layers(len(info.layers))
     ref = info.lm_head.weight
     dtype = torch.float32 if config.master_dtype == "float32" else ref.dtype
-    model.pvm = nn.ModuleDict({str(i): build_block(info.language_model.config, config) for i in layers}).to(
+    model.pvm = nn.ModuleDict({str(i): build_block(info.layer_config(i), config) for i in layers}).to(
         ref.device, dtype)
     st = _State(config=config, layers=layers, visual_ids=info.visual_token_ids)
     model._keepsight_pvm = st

@@ -39,7 +39,7 @@ def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
     """Parameters PVM with ``config`` would add to ``model`` (without attaching it)."""
     info = arch_info(model)
     layers = config.resolve_layers(len(info.layers))
-    return len(layers) * sum(p.numel() for p in build_block(info.language_model.config, config).parameters())
+    return sum(sum(p.numel() for p in build_block(info.layer_config(i), config).parameters()) for i in layers)
 
 
 def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:
