@@ -398,6 +398,9 @@ def test_bad_input_is_named(setup):
     with pytest.raises(ValueError, match="layer 99 is out of range"):
         with build_baseline("pai", layers=[99]).apply(model):
             pass
+    for field in ("inject_layer", "probe_layer"):  # the softmax variant's fields, silently unused by the released one
+        with pytest.raises(ValueError, match=f"{field} apply only to variant 'softmax'"):
+            build_baseline("memvr", **{field: 1})
     with pytest.raises(ValueError, match="probe_layer 3 must come before inject_layer 1"):
         with build_baseline("memvr", variant="softmax", inject_layer=1, probe_layer=3).apply(model):
             pass

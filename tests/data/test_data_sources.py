@@ -169,6 +169,15 @@ def test_malformed_json_line_names_path_and_line(tmp_path):
         open_dataset(path)
 
 
+def test_a_file_that_is_no_dataset_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    with pytest.raises(ValueError, match=r"data file .*notes\.txt is not a dataset"):
+        open_dataset(tmp_path / "notes.txt")
+    (tmp_path / "rows.parquet").write_text("not parquet either")
+    with pytest.raises(ValueError, match=r"data .*rows\.parquet is not readable as parquet"):
+        open_dataset(tmp_path / "rows.parquet")
+
+
 def test_skip_bad_rows_keeps_the_good_ones_and_counts(tmp_path):
     Image.new("RGB", (4, 4)).save(tmp_path / "ok.png")
     rows = [{"id": str(i), "image": "ok.png" if i % 2 else "gone.png", "conversations": GOOD} for i in range(6)]

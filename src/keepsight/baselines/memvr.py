@@ -55,6 +55,10 @@ class MemVRConfig:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.rows not in ("generated", "after_image"):
             raise ValueError(f"rows must be 'generated' or 'after_image', got {self.rows!r}")
+        given = [n for n in ("inject_layer", "probe_layer") if getattr(self, n) is not None]
+        if self.variant == "released" and given:  # the released trigger probes start_layer < l < end_layer instead
+            raise ValueError(f"{', '.join(given)} apply only to variant 'softmax' (the released variant probes "
+                             "start_layer < l < end_layer)")
         self.alpha = number("alpha", self.alpha, low=0.0)
         self.threshold = number("threshold", self.threshold, low=0.0)
         self.ratio = number("ratio", self.ratio, low=0.0, high=1.0)

@@ -201,8 +201,16 @@ def _load_hf(path: Path):
     files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
     if not files:
         raise FileNotFoundError(f"{path} holds no save_to_disk dataset and no *.parquet files")
+    if path.is_file() and path.suffix not in (".parquet", ".json", ".jsonl"):
+        raise ValueError(f"data file {path} is not a dataset: give a LLaVA .json / .jsonl file, a .parquet file, or a "
+                         "save_to_disk directory")
     kind = "parquet" if files[0].suffix == ".parquet" else "json"
-    return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
+    try:
+        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
+    except (datasets.exceptions.DatasetGenerationError, ValueError) as e:  # pyarrow: ArrowInvalid is a ValueError
+        cause = e.__cause__ or e.__context__ or e
+        raise ValueError(f"data {path} is not readable as {kind} ({type(cause).__name__}: "
+                         f"{str(cause).splitlines()[0] if str(cause) else ''})") from None
 
 
 def _undecoded(feature):
