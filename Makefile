@@ -17,7 +17,7 @@ LMMS_TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 LMMS_PY := $(LMMS_VENV)/bin/python
 LMMS_STAMP := $(LMMS_VENV)/.keepsight-installed
 
-.PHONY: install demo smoke reproduce test test-all test-lmms lint clean
+.PHONY: install demo smoke reproduce test test-all test-lmms lint survey clean
 
 $(STAMP): pyproject.toml Makefile constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ $(LMMS_STAMP): pyproject.toml Makefile
 # keepsight inside lmms-eval's own evaluator (tests/lmms; `make test` does not collect it)
 test-lmms: $(LMMS_STAMP)
 	$(LMMS_PY) -m pytest -q tests/lmms $(TEST_ARGS)
+
+# the bad-input survey: every case must end in a clear error (or succeed where success is right)
+survey: $(STAMP)
+	$(PY) scripts/bad_inputs.py --strict --out runs/bench/bad_inputs.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Robustness survey: a table of bad inputs thrown at the keepsight CLI and Python API, each outcome classified.
 
-    PYTHONPATH=src python scripts/bad_inputs.py [--out runs/bench/bad_inputs.json] [--only SUBSTR] [--keep]
+    PYTHONPATH=src python scripts/bad_inputs.py [--out runs/bench/bad_inputs.json] [--only SUBSTR] [--keep] [--strict]
 
 Every case is a small dict: a command line (``keepsight ...``) or a Python API call, the substrings a clear
 error must name (the option, the field, the file), and whether the input is valid at all. Outcomes:
@@ -1475,6 +1475,9 @@ def all_cases() -> list[dict]:
     return cases
 
 
+FAILING = ("traceback", "silent", "hang", "data_loss", "broken")  # outcomes that fail --strict
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/bench/bad_inputs.json", help="the JSON records")
@@ -1484,6 +1487,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subprocess", action="store_true", help="run CLI cases as real `python -m keepsight.cli`")
     p.add_argument("--mem-gib", type=float, default=8.0, help="address-space limit of each case")
     p.add_argument("--list", action="store_true", help="list the case ids and exit")
+    p.add_argument("--strict", action="store_true",
+                   help=f"exit 1 when any case ends {'/'.join(FAILING)} (CI runs it so)")
     args = p.parse_args(argv)
     if args.jobs < 1 or not math.isfinite(args.mem_gib) or args.mem_gib <= 0:
         p.error("--jobs must be >= 1 and --mem-gib > 0")
@@ -1521,6 +1526,10 @@ def main(argv: list[str] | None = None) -> int:
                                    "mode": "subprocess" if args.subprocess else "fork", "cases": records},
                                   indent=1, default=str))
         print(f"wrote {out}")
+        failing = sorted(r["id"] for r in records if r["outcome"] in FAILING)
+        if args.strict and failing:
+            print(f"{len(failing)} case(s) failed: {', '.join(failing[:20])}", file=sys.stderr)
+            return 1
     finally:
         if args.keep:
             print(f"kept {root}")
