@@ -6,7 +6,6 @@ write the report.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from .experiments.baselines import BEAM_ARMS, BaselinesExperiment, run_baselines
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
+from .fingerprint import digest
 from .models import load_checkpoint
 from .pvm import PVMConfig
 from .report.base import base_sections, diagnosis_section
@@ -183,12 +183,8 @@ def cache_key(profile: DemoProfile, seed: int | None = None, environment: dict |
     environment its bits depend on: ``keepsight.determinism.environment()``); ``seed``: the base's model seed
     (default: the profile's first). Every cache of an experiment lives beside its base's, under this key."""
     train = profile.train if seed is None else dataclasses.replace(profile.train, seed=seed)
-    blob = json.dumps(
-        {"world": profile.world.to_dict(), "n_train": profile.n_train, "seed": TRAIN_SEED,
-         "train": train.to_dict(), "keepsight": __version__, "environment": environment},
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return digest({"world": profile.world.to_dict(), "n_train": profile.n_train, "seed": TRAIN_SEED,
+                   "train": train.to_dict(), "keepsight": __version__, "environment": environment})
 
 
 def log(msg: str) -> None:

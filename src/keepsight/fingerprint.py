@@ -11,9 +11,10 @@ from pathlib import Path
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
-def digest(obj) -> str:
-    """A short stable hash of a JSON-able object."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def digest(obj, length: int = 16) -> str:
+    """A short stable hash of a JSON-able object: the first ``length`` hex digits of the SHA-256 of its JSON
+    with sorted keys (what every cache key and dataset fingerprint in keepsight is made from)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 def dir_fingerprint(path: str | os.PathLike) -> dict:

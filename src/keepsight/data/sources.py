@@ -16,7 +16,6 @@ training (see there); the synthetic world is a source of its own (``keepsight.wo
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
+from ..fingerprint import digest
 from ..jsonl import read_jsonl
 from .sample import Sample
 
@@ -46,8 +46,7 @@ def open_image(path: str | os.PathLike) -> Image.Image:
 
 def _file_fingerprint(path: Path, *extra) -> str:
     st = path.stat()
-    return hashlib.sha256(json.dumps([str(path.resolve()), st.st_size, st.st_mtime_ns, *map(str, extra)]).encode()
-                          ).hexdigest()[:16]
+    return digest([str(path.resolve()), st.st_size, st.st_mtime_ns, *map(str, extra)])
 
 
 # ----------------------------------------------------------------------------- LLaVA JSON / JSONL
@@ -345,8 +344,7 @@ class HFSource:
 
     def fingerprint(self) -> str:
         files = sorted(self.path.rglob("*")) if self.path.is_dir() else [self.path]
-        return hashlib.sha256(json.dumps([[str(f), f.stat().st_size] for f in files if f.is_file()] +
-                                         [str(self.image_folder), self.keep]).encode()).hexdigest()[:16]
+        return digest([[str(f), f.stat().st_size] for f in files if f.is_file()] + [str(self.image_folder), self.keep])
 
 
 def open_dataset(path: str | os.PathLike, image_folder: str | os.PathLike | None = None):

@@ -9,7 +9,6 @@ scored after each phase; the LIA-MTR write gate is probed on held-out images (pa
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..data import chat_example
+from ..fingerprint import digest
 from ..models import load_checkpoint
 from ..train.bridge import BridgeTrainConfig, train_bridge
 from ..world.base import backbone_init
@@ -65,7 +65,7 @@ def _train_reading(exp: BridgeExperiment, reading: dict, ctx: ExperimentContext,
     model_dir, tc, train = ctx.model_dir, ctx.train_config, ctx.scenes()
     options = {**exp.options, **reading}
     spec = [exp.bridge, options, tc.to_dict()]
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    key = digest(spec, 12)
     cache = Path(f"{model_dir}-bridge") / f"{exp.bridge}-{key}"
     align, instruct = tc.align, tc.instruct  # the same schedules and seeds as the MLP's stages
     p1 = BridgeTrainConfig(phase=1, steps=align.steps, lr=align.lr, batch_size=align.batch_size, bridge=exp.bridge,

@@ -19,8 +19,6 @@ time, and what they cost in recall / repetition.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from ..diffusion import (
     lone_mask_logits,
     prior_cosine,
 )
+from ..fingerprint import digest
 from ..metrics import chair, distinct_n, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..models.llada_official import shipped_decoding
@@ -231,7 +230,7 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
     spec = {**asdict(exp.train), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
     if exp.text_layers is not None:
         spec["text_layers"] = exp.text_layers
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    key = digest(spec, 12)
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({exp.train.steps} steps) -> {model_dir}")
     data = VLMDataset(train, exp.tasks, exp.train.seed, describe_repeats=exp.describe_repeats)
@@ -239,7 +238,7 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
                               exp.train, progress=False, source=str(base_dir))
     if exp.finetune is not None:
         spec["finetune"] = {**asdict(exp.finetune), "tasks": list(exp.finetune_tasks)}
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+        key = digest(spec, 12)
         stage1, model_dir = model_dir, Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
         log(f"  fine-tuned on {list(exp.finetune_tasks)} ({exp.finetune.steps} steps) -> {model_dir}")
         data = VLMDataset(train, exp.finetune_tasks, exp.finetune.seed, describe_repeats=exp.describe_repeats)

@@ -15,11 +15,10 @@ evaluates.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..fingerprint import digest
 from ..models import load_checkpoint
 from ..pvm import PVMConfig, load_pvm
 from ..train.finetune import FinetuneConfig, train_finetune
@@ -56,17 +55,13 @@ class PVMExperiment:
                 "format_weight": self.format_weight}
 
 
-def _hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def _strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "log_history"}
 
 
 def sft_adapter(exp: PVMExperiment, ctx: ExperimentContext) -> Path:
     """Stage 1's adapter of ``exp`` on the context's base: trained, or reused from the cache next to the base."""
-    sft_dir = Path(f"{ctx.model_dir}-pvm") / f"sft-{_hash([exp.pvm.to_dict(), asdict(exp.sft)])}"
+    sft_dir = Path(f"{ctx.model_dir}-pvm") / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
     tc = ctx.train_config
     ctx.log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
     train_pvm_sft(ctx.model_dir, instruct_data(ctx.scenes(), exp.sft.seed, tc.instruct_tasks, tc.max_turns), sft_dir,
@@ -78,9 +73,9 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     """Train (or reuse) the three adapters on the training scenes and evaluate each arm on the held-out sets."""
     model_dir, train, sets, log = ctx.model_dir, ctx.scenes(), ctx.sets, ctx.log
     cache = Path(f"{model_dir}-pvm")
-    sft_dir = cache / f"sft-{_hash([exp.pvm.to_dict(), asdict(exp.sft)])}"
-    lora_dir = cache / f"lora-{_hash([exp.pvm.to_dict(), asdict(exp.lora)])}"
-    grpo_dir = cache / f"grpo-{_hash([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight])}"
+    sft_dir = cache / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
+    lora_dir = cache / f"lora-{digest([exp.pvm.to_dict(), asdict(exp.lora)], 12)}"
+    grpo_dir = cache / f"grpo-{digest([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight], 12)}"
 
     tc = ctx.train_config  # every arm trains on the base's own instruct mix (conversations included)
 
@@ -95,7 +90,7 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     training = {"pvm_sft": _strip(sft), "lora": _strip(lora)}
     adapters = {"pvm_sft": str(sft_dir), "lora": str(lora_dir)}
     if exp.finetune is not None:
-        ft_dir = cache / f"finetune-{_hash([asdict(exp.finetune), list(tc.instruct_tasks), tc.max_turns])}"
+        ft_dir = cache / f"finetune-{digest([asdict(exp.finetune), list(tc.instruct_tasks), tc.max_turns], 12)}"
         log(f"full fine-tuning reference ({exp.finetune.steps} steps, every parameter but the tower) -> {ft_dir}")
         training["full_ft"] = _strip(train_finetune(model_dir, data(exp.finetune.seed), ft_dir, exp.finetune,
                                                     progress=False))
