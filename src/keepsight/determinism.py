@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .checks import number
+
 DEFAULT_THREADS = 2  # the intra-op thread count the published results were made with
 PACKAGES = ("torch", "transformers", "accelerate", "trl", "peft", "tokenizers", "safetensors", "numpy", "pillow")
 SOURCE_ROOT = Path(__file__).resolve().parent
@@ -50,8 +52,7 @@ def configure(threads: int = DEFAULT_THREADS) -> dict:
     """Fix what a bit-identical run needs in this process: ``threads`` intra-op threads, deterministic algorithms
     (an op without a deterministic kernel is an error, not a silent difference), cuBLAS's fixed workspace on a
     GPU. Returns ``environment()``."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    threads = number("threads", threads, 1, integer=True)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)

@@ -126,7 +126,7 @@ def test_bad_configs_and_inputs():
         LiaMtrConfig(d_vision=DV, d_model=DM, lambdas=[0.9, 0.0])
     with pytest.raises(ValueError, match="lambdas must each lie strictly"):
         LiaMtrConfig(d_vision=DV, d_model=DM, lambdas=[0.9, -0.5])
-    with pytest.raises(ValueError, match="lambda_max must lie strictly"):
+    with pytest.raises(ValueError, match=r"lambda_max must be in \(0.0, 1.0\)"):
         LiaMtrConfig(d_vision=DV, d_model=DM, lambda_max=1.0)
     with pytest.raises(ValueError, match="lambda_min"):
         LiaMtrConfig(d_vision=DV, d_model=DM, lambda_min=0.99, lambda_max=0.9)

@@ -109,7 +109,7 @@ def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--grpo.top_p", "0.5"], "--grpo.top_p apply to --stage grpo; this run is --stage sft"),
-    (["--sft.warmup_ratio", "2"], "warmup_ratio must be in [0, 1), got 2.0"),
+    (["--sft.warmup_ratio", "2"], "warmup_ratio must be in [0.0, 1.0), got 2.0"),
     (["--pvm.normalize_v", "l2"], "normalize_v"),
 ])
 def test_generated_options_are_checked_and_refused_where_they_do_not_apply(world, capsys, extra, message):

@@ -166,7 +166,7 @@ def test_bad_cache_options(vlm, batch):
     enc, _ = batch
     with pytest.raises(ValueError, match="cache must be one of"):
         _run(vlm, enc, cache="full")
-    with pytest.raises(ValueError, match=r"threshold must be a confidence in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"threshold must be in \(0.0, 1.0\], got 1.5"):
         _run(vlm, enc, threshold=1.5)
     with pytest.raises(ValueError, match="needs remasking='low_confidence'"):
         _run(vlm, enc, threshold=0.9, remasking="random")

@@ -330,7 +330,7 @@ def test_mrs_refuses_a_gen_start_it_cannot_use_and_the_cached_sampler_with_colum
     prompt = processor.tokenizer(["<bos> user : describe the scene . assistant :"], return_tensors="pt")["input_ids"]
     mrs = MonotonicRoPEScaling(beta=0.5, segments=["generation"])
     for bad in (-5, 1.5, True):
-        with pytest.raises(ValueError, match="gen_start must be an integer >= 0"), mrs.apply(lm, gen_start=bad):
+        with pytest.raises(ValueError, match="gen_start must be (an integer )?>= 0"), mrs.apply(lm, gen_start=bad):
             pass
     with mrs.apply(lm, gen_start=10**6), pytest.raises(ValueError, match=r"gen_start 1000000 lies past the sequence"):
         generate(lm, prompt, gen_length=4, steps=4)

@@ -12,25 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import numbers
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
+from ..checks import number
 from ..models.arch import arch_info, check_finite, check_method, rope_state_kept, starts_sequence
-
-
-def number(name: str, value, low: float | None = None, high: float | None = None, integer: bool = False):
-    """A finite number in [low, high] (an integer with ``integer``), or a ValueError naming ``name``."""
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite {'integer' if integer else 'number'}, got {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
-        raise ValueError(f"{name} must lie in {bounds}, got {value!r}")
-    return int(value) if integer else float(value)
 
 
 def layer_range(name: str, layers, n_layers: int) -> list[int]:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import number
 from ..models.arch import arch_info
-from .base import Baseline, layer_range, number
+from .base import Baseline, layer_range
 
 
 @dataclass

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import number
 from ..models.arch import arch_info, starts_sequence
-from .base import Baseline, layer_range, number
+from .base import Baseline, layer_range
 
 VARIANTS = ("released", "softmax")
 

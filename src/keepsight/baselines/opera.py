@@ -68,8 +68,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..checks import number
 from ..models.arch import arch_info, rope_state_kept
-from .base import Baseline, number
+from .base import Baseline
 
 WINDOW = 512  # U:3134 ``window_size``: sizes the history buffers; generate() never forwards it (U:1648-1665)
 FIRST = 10  # U:3440 ``cur_response_lens <= 10``: image-attention bonus; U:3460 ``rollback_loc < 10``: no rollback

@@ -37,8 +37,9 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from ..checks import number
 from ..models.arch import arch_info, rope_state_kept, starts_sequence
-from .base import Baseline, layer_range, number
+from .base import Baseline, layer_range
 
 PAI_ATTENTION = "keepsight_pai"
 _ACTIVE: list[PAI] = []

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import number
 from ..models.arch import arch_spec
-from .base import Baseline, Stream, capture_image_inputs, number
+from .base import Baseline, Stream, capture_image_inputs
 
 SCHEDULES = ("sigmoid", "linear")
 

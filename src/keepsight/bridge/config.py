@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from ..checks import number
 
 
 def check_visual_tokens(x: torch.Tensor, d_vision: int, name: str = "x") -> None:
@@ -64,13 +62,10 @@ class LiaMtrConfig:
 
     def __post_init__(self) -> None:
         for field in ("d_vision", "d_model"):
-            value = getattr(self, field)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{field} must be an int >= 1, got {value!r}")
+            setattr(self, field, number(field, getattr(self, field), 1, integer=True))
         if self.d_inner is None:
             self.d_inner = self.d_model
-        if not _is_int(self.d_inner) or self.d_inner < 1:
-            raise ValueError(f"d_inner must be an int >= 1 or None, got {self.d_inner!r}")
+        self.d_inner = number("d_inner", self.d_inner, 1, integer=True)
         if self.lambdas is not None:
             try:
                 self.lambdas = tuple(float(v) for v in self.lambdas)
@@ -87,18 +82,13 @@ class LiaMtrConfig:
                 raise ValueError(f"n_scales = {self.n_scales} but lambdas has {len(self.lambdas)} entries")
         if self.n_scales is None:
             self.n_scales = 4
-        if not _is_int(self.n_scales) or not 1 <= self.n_scales <= MAX_SCALES:
-            raise ValueError(f"n_scales must be an int in [1, {MAX_SCALES}], got {self.n_scales!r}")
+        self.n_scales = number("n_scales", self.n_scales, 1, MAX_SCALES, integer=True)
         for field in ("lambda_min", "lambda_max"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
-                raise ValueError(f"{field} must lie strictly in (0, 1), got {value!r}")
+            number(field, getattr(self, field), 0.0, 1.0, open_low=True, open_high=True)
         if self.lambda_min > self.lambda_max:
             raise ValueError(f"lambda_min ({self.lambda_min}) must be <= lambda_max ({self.lambda_max})")
-        if not _is_int(self.conv_kernel) or not 0 <= self.conv_kernel <= MAX_KERNEL:
-            raise ValueError(f"conv_kernel must be an int in [0, {MAX_KERNEL}] (0 = no conv), got {self.conv_kernel!r}")
-        if not _is_int(self.chunk_size) or self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        self.conv_kernel = number("conv_kernel", self.conv_kernel, 0, MAX_KERNEL, integer=True)
+        self.chunk_size = number("chunk_size", self.chunk_size, 1, integer=True)
         if not isinstance(self.use_gate, bool):
             raise ValueError(f"use_gate must be a bool, got {self.use_gate!r}")
         if self.lambda_spacing not in SPACINGS:

@@ -11,13 +11,13 @@ from torch import nn
 
 from keepsight.bridge.config import LiaMtrConfig, check_visual_tokens
 from keepsight.bridge.lia_mtr import LiaMtrBridge
+from keepsight.checks import number
 from keepsight.ops import multiscale_retention
 
 
 def _check_dims(**dims: object) -> None:
     for name, value in dims.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        number(name, value, 1, integer=True)
 
 
 class MLPBridge(nn.Module):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 
+from ..checks import number, requirement
 from ..data import open_dataset, preflight
 from ..models import DTYPE_CHOICES
 from ..train.distributed import PRECISIONS
@@ -17,43 +17,33 @@ from ..world.dataset import is_world, read_world
 from ..world.tasks import WorldSamples
 
 
-def _integer(low: int, what: str, high: int | None = None):
-    def parse(text: str) -> int:
+def _parsed(convert, kind: str, low, high=None, *, open_low: bool = False):
+    integer = kind == "int"
+    what = requirement(low, high, integer=integer, open_low=open_low)
+
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
+        try:
+            return number("value", value, low, high, integer=integer, open_low=open_low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}") from None
 
-    parse.accepts = ("int", low, high)  # read by the tests that try values outside the range
+    parse.accepts = (kind, low, high if integer else open_low)  # read by the tests that try values outside the range
     return parse
 
 
 def bounded_int(low: int, high: int):
     """An integer in [low, high] (options whose huge values are mistakes, e.g. a benchmark's repeats)."""
-    return _integer(low, f"an integer in [{low}, {high}]", high)
+    return _parsed(int, "int", low, high)
 
 
-def _real(low: float, what: str, open_low: bool):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (open_low and value == low):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
-        return value
-
-    parse.accepts = ("float", low, open_low)
-    return parse
-
-
-positive_int = _integer(1, "an integer >= 1")
-nonneg_int = _integer(0, "an integer >= 0")
-positive_float = _real(0.0, "a finite number > 0", open_low=True)
-nonneg_float = _real(0.0, "a finite number >= 0", open_low=False)
+positive_int = _parsed(int, "int", 1)
+nonneg_int = _parsed(int, "int", 0)
+positive_float = _parsed(float, "float", 0.0, open_low=True)
+nonneg_float = _parsed(float, "float", 0.0)
 
 
 def run_name(text: str) -> str:

@@ -8,31 +8,17 @@ paper's own numbers (LLaDA-V's); the others are our readings of what the paper l
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..checks import number
 from ..ops.rope import SCHEDULES
 
 PRIORS = ("vocab_mean", "topk", "random")
 MODES = ("angle", "amplitude", "frequency")
 VARIANTS = ("released", "projection")
 SEGMENTS = ("visual", "prompt", "generation")
-
-
-def _number(name: str, value, *, low: float | None = None, high: float | None = None, integer: bool = False):
-    """``value`` as a finite int / float within [low, high]; a ValueError naming ``name`` otherwise."""
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    value = int(value) if integer else float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if low is not None and value < low or high is not None and value > high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
-    return value
 
 
 class _PaperDefaults:
@@ -80,22 +66,22 @@ class MPSConfig(_PaperDefaults):
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if not isinstance(self.prior, str) or self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
-        self.k = _number("k", self.k, low=1, integer=True)
-        self.lam = _number("lam", self.lam, low=0.0, high=1.0)
+        self.k = number("k", self.k, low=1, integer=True)
+        self.lam = number("lam", self.lam, low=0.0, high=1.0)
         if isinstance(self.layers, str):
             if self.layers != "final":
                 raise ValueError(f"layers must be 'final' or a non-empty list of layer indices, got {self.layers!r}")
         else:
             try:
-                self.layers = [_number("layers", i, integer=True) for i in self.layers]
+                self.layers = [number("layers", i, integer=True) for i in self.layers]
             except TypeError:
                 raise ValueError(f"layers must be 'final' or a list of layer indices, got {self.layers!r}") from None
             if not self.layers:
                 raise ValueError("layers must be 'final' or a non-empty list of layer indices, got []")
         if not isinstance(self.center, bool):
             raise ValueError(f"center must be true or false, got {self.center!r}")
-        self.n_prior_tokens = _number("n_prior_tokens", self.n_prior_tokens, low=1, integer=True)
-        self.seed = _number("seed", self.seed, low=0, integer=True)
+        self.n_prior_tokens = number("n_prior_tokens", self.n_prior_tokens, low=1, integer=True)
+        self.seed = number("seed", self.seed, low=0, integer=True)
         if self.variant == "released":
             stray = [k for k, default in _PROJECTION_ONLY.items() if getattr(self, k) != default]
             if stray:
@@ -128,9 +114,9 @@ class MRSConfig(_PaperDefaults):
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
         if not isinstance(self.mode, str) or self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        self.beta = _number("beta", self.beta, low=0.0, high=100.0)  # larger gains overflow the logits
-        self.eta = _number("eta", self.eta, low=0.0, high=1e3)
-        self.tau0 = _number("tau0", self.tau0, low=0.0, high=1.0)
+        self.beta = number("beta", self.beta, low=0.0, high=100.0)  # larger gains overflow the logits
+        self.eta = number("eta", self.eta, low=0.0, high=1e3)
+        self.tau0 = number("tau0", self.tau0, low=0.0, high=1.0)
         if self.schedule in ("sigmoid", "power") and self.eta <= 0:
             raise ValueError(f"the {self.schedule} schedule needs eta > 0, got {self.eta}")
         if self.segments != "all":

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import numbers
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..checks import number
 from ..models.arch import decoder_stack
 from ..models.arch import image_token_id as config_image_token_id
 from ..ops.rope import angle_scaled_inv_freq, angle_scales, rope_gains, scale_rotary, scaled_inv_freq
@@ -98,9 +98,8 @@ class MonotonicRoPEScaling:
         gains = self.gains(rotary.inv_freq.shape[-1] * 2)  # [D/2]
         handles, state = [], {"ids": None}
         auto = self.segments != "all" and segment_mask is None
-        if gen_start is not None and (isinstance(gen_start, bool) or not isinstance(gen_start, numbers.Integral)
-                                      or gen_start < 0):
-            raise ValueError(f"gen_start must be an integer >= 0 (the first generation column), got {gen_start!r}")
+        if gen_start is not None:
+            number("gen_start", gen_start, 0, integer=True)  # the first generation column
         if auto:
             if image_token_id is None and getattr(model, "config", None) is not None:
                 image_token_id = config_image_token_id(model.config)

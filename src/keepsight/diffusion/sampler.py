@@ -37,13 +37,12 @@ every non-pad prompt token, image tokens included, and therefore gets no ``pixel
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import number
 from ..models.arch import check_length
 from ..models.llada import BlockKV
 
@@ -105,21 +104,9 @@ def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) ->
     return uncond + (cfg_scale + 1.0) * (cond - uncond)
 
 
-def _int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value!r} (an integer)")
-    return int(value)
-
-
-def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
 def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
-    gen_length, steps = _int("gen_length", gen_length), _int("steps", steps)
-    block_length = _int("block_length", block_length)
+    gen_length, steps = number("gen_length", gen_length, 1, integer=True), number("steps", steps, 1, integer=True)
+    block_length = number("block_length", block_length, 1, integer=True)
     if gen_length % block_length:
         raise ValueError(f"block_length {block_length} must be >= 1 and divide gen_length {gen_length}")
     if steps > gen_length:
@@ -131,8 +118,8 @@ def _check(gen_length, steps, block_length, temperature, cfg_scale, remasking):
                          f"(gen_length {gen_length} / block_length {block_length})")
     if remasking not in REMASKING:
         raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
-    _real("temperature", temperature)
-    _real("cfg_scale", cfg_scale)
+    number("temperature", temperature, 0.0)
+    number("cfg_scale", cfg_scale, 0.0)
     return n_blocks, steps // n_blocks
 
 
@@ -160,14 +147,13 @@ class SamplerConfig:
             raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
         threshold = self.threshold
         if threshold is not None:
-            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 1:
-                raise ValueError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
+            number("threshold", threshold, 0.0, 1.0, open_low=True)  # a confidence
             if self.remasking != "low_confidence":
                 raise ValueError("threshold compares the model's confidence: it needs remasking='low_confidence'")
         if self.threshold_rule not in THRESHOLD_RULES:
             raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {self.threshold_rule!r}")
         if self.refresh_every is not None:
-            object.__setattr__(self, "refresh_every", _int("refresh_every", self.refresh_every))
+            object.__setattr__(self, "refresh_every", number("refresh_every", self.refresh_every, 1, integer=True))
         if self.cache != "none" and self.cfg_scale > 0:
             raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use "
                              "cache='none'")

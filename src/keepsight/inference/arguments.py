@@ -15,6 +15,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from ..checks import number, requirement
+
 
 def as_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
@@ -38,10 +40,8 @@ def as_int(name: str, value: Any, minimum: int | None = None) -> int:
         with contextlib.suppress(ValueError):
             out = int(value.strip())
     if out is None:
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
+        raise ValueError(f"{name} must be {requirement(minimum, integer=True)}, got {value!r}")
+    return number(name, out, minimum, integer=True)
 
 
 def as_float(name: str, value: Any, minimum: float | None = None) -> float:
@@ -52,10 +52,8 @@ def as_float(name: str, value: Any, minimum: float | None = None) -> float:
         with contextlib.suppress(ValueError):
             out = float(value.strip())
     if out is None:
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
+        raise ValueError(f"{name} must be {requirement(minimum)}, got {value!r}")
+    return number(name, out, minimum)
 
 
 def as_str(name: str, value: Any) -> str:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..checks import number
+
 
 def check_lambdas(lambdas: torch.Tensor | Sequence[float], *, allow_one: bool = True,
                   device: torch.device | None = None) -> torch.Tensor:
@@ -101,8 +103,7 @@ def multiscale_retention(
     Differentiable w.r.t. u, alpha and initial_state.
     """
     lam, state = _check_inputs(u, alpha, lambdas, initial_state)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    chunk_size = number("chunk_size", chunk_size, 1, integer=True)
     B, N, d = u.shape
     S = lam.numel()
     C = min(chunk_size, N)

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 
-
-def _int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
+from ..checks import number
 
 
 def strided_layers(depth: int) -> list[int]:
@@ -69,14 +63,14 @@ class PVMConfig:
                 raise ValueError(f"layers must be 'strided' or a list of layer indices, got {self.layers!r}")
         else:
             try:
-                self.layers = [_int("layers", i, -(10**6)) for i in self.layers]
+                self.layers = [number("layers", i, integer=True) for i in self.layers]
             except TypeError:
                 raise ValueError(f"layers must be 'strided' or a list of layer indices, got {self.layers!r}") from None
             if not self.layers:
                 raise ValueError("layers: the list is empty")
         if self.pvm_hidden_size is not None:
-            self.pvm_hidden_size = _int("pvm_hidden_size", self.pvm_hidden_size, 1)
-        self.heads = _int("heads", self.heads, 1)
+            self.pvm_hidden_size = number("pvm_hidden_size", self.pvm_hidden_size, 1, integer=True)
+        self.heads = number("heads", self.heads, 1, integer=True)
         if self.pvm_hidden_size is not None and self.pvm_hidden_size % self.heads:
             raise ValueError(f"pvm_hidden_size {self.pvm_hidden_size} must be divisible by heads {self.heads}")
         if self.gate not in ("scalar", "channel"):
@@ -84,19 +78,14 @@ class PVMConfig:
         for name in ("shared_down", "silence_visual", "key_proj", "cache_visual"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if (isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real)
-                or not math.isfinite(self.dropout) or not 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        number("dropout", self.dropout, 0.0, 1.0, open_high=True)
         if self.normalize_v not in ("none", "rms"):
             raise ValueError(f"normalize_v must be 'none' or 'rms', got {self.normalize_v!r}")
         if self.expander_init not in ("backbone", "zero"):
             raise ValueError(f"expander_init must be 'backbone' or 'zero', got {self.expander_init!r}")
         if self.master_dtype not in ("float32", "model"):
             raise ValueError(f"master_dtype must be 'float32' or 'model', got {self.master_dtype!r}")
-        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real)
-                or not math.isfinite(self.temperature) or not 1e-3 <= self.temperature <= 1e3):
-            raise ValueError(f"temperature must be a number in [1e-3, 1e3], got {self.temperature!r}")
-        self.temperature = float(self.temperature)
+        self.temperature = number("temperature", self.temperature, 1e-3, 1e3)
         other = _BRANCH_ONLY if self.variant == "released" else _RELEASED_ONLY
         stray = [k for k, default in other.items() if getattr(self, k) != default]
         if stray:

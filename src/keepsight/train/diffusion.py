@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..checks import number
 from ..data import IGNORE_INDEX, Sample, render_prompt
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models.arch import arch_spec, check_length, is_tower_parameter
 from .recipe import Recipe, run_recipe
-from .trainer import TrainOptions, _positive_int
+from .trainer import TrainOptions
 
 SUMMARY_FILE = "diffusion_train.json"
 
@@ -39,7 +40,7 @@ class DiffusionTrainConfig(TrainOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.answer_length = _positive_int("answer_length", self.answer_length)
+        self.answer_length = number("answer_length", self.answer_length, 1, integer=True)
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
 

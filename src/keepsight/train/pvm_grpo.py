@@ -20,6 +20,7 @@ from datasets import Dataset
 from transformers import ProcessorMixin
 
 from ..atomic import write_json
+from ..checks import number
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
 from ..models.arch import arch_info, check_length
@@ -34,8 +35,6 @@ from .trainer import (
     SCHEDULES,
     ExactResume,
     TrainOptions,
-    _positive_float,
-    _positive_int,
     last_complete_checkpoint,
     stop_at,
     warmup_steps,
@@ -80,15 +79,15 @@ class GRPOTrainConfig(TrainOptions):
                              mask_truncated_completions=True, trainable="llm+pvm"), **overrides})
 
     def __post_init__(self) -> None:
-        self.num_generations = _positive_int("num_generations", self.num_generations)
-        self.prompts_per_step = _positive_int("prompts_per_step", self.prompts_per_step)
+        self.num_generations = number("num_generations", self.num_generations, 1, integer=True)
+        self.prompts_per_step = number("prompts_per_step", self.prompts_per_step, 1, integer=True)
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2 (GRPO normalises rewards within a group)")
         self.batch_size = self.prompts_per_step * self.num_generations
         super().__post_init__()
-        self.gate_lr = _positive_float("gate_lr", self.gate_lr)
-        self.temperature = _positive_float("temperature", self.temperature)
-        self.top_p = _positive_float("top_p", self.top_p)
+        self.gate_lr = number("gate_lr", self.gate_lr, 0.0, open_low=True)
+        self.temperature = number("temperature", self.temperature, 0.0, open_low=True)
+        self.top_p = number("top_p", self.top_p, 0.0, open_low=True)
         if self.top_p > 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.loss_type not in LOSS_TYPES:
@@ -98,7 +97,7 @@ class GRPOTrainConfig(TrainOptions):
         if not isinstance(self.mask_truncated_completions, bool):
             raise ValueError(f"mask_truncated_completions must be true or false, got {self.mask_truncated_completions!r}")
         if self.max_completion_length is not None:
-            self.max_completion_length = _positive_int("max_completion_length", self.max_completion_length)
+            self.max_completion_length = number("max_completion_length", self.max_completion_length, 1, integer=True)
         if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not 0 <= self.beta < float("inf"):
             raise ValueError(f"beta must be >= 0 and finite, got {self.beta!r}")
         if self.batch_size > MAX_COMPLETIONS:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_json
+from ..checks import number
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
@@ -24,7 +25,7 @@ from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import main_process_writes, unshard_root
 from .recipe import REQUEST_FILE, Recipe, run_recipe
-from .trainer import TrainOptions, _positive_float
+from .trainer import TrainOptions
 
 SUMMARY_FILE = "pvm_train.json"
 
@@ -38,7 +39,7 @@ class PVMTrainConfig(TrainOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.gate_lr = _positive_float("gate_lr", self.gate_lr)
+        self.gate_lr = number("gate_lr", self.gate_lr, 0.0, open_low=True)
 
     @classmethod
     def released(cls, **overrides) -> PVMTrainConfig:

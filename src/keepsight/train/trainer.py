@@ -5,7 +5,6 @@ checkpoint helpers."""
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,20 +17,8 @@ from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import _is_peft_model
 
+from ..checks import number
 from .distributed import batch_layout, length_grouped_sampler, process_rank, set_fsdp_wrap, trainer_placement
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _positive_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
-    return float(value)
-
 
 SCHEDULES = {"cosine": "cosine", "constant": "constant_with_warmup"}  # ours -> transformers' scheduler names
 
@@ -57,20 +44,16 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "save_every"):
-            setattr(self, name, _positive_int(name, getattr(self, name)))
-        self.lr = _positive_float("lr", self.lr)
-        if (isinstance(self.warmup_ratio, bool) or not isinstance(self.warmup_ratio, numbers.Real)
-                or not 0 <= self.warmup_ratio < 1):
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+            setattr(self, name, number(name, getattr(self, name), 1, integer=True))
+        self.lr = number("lr", self.lr, 0.0, open_low=True)
+        number("warmup_ratio", self.warmup_ratio, 0.0, 1.0, open_high=True)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {tuple(SCHEDULES)}, got {self.schedule!r}")
         if self.max_length is not None:
-            self.max_length = _positive_int("max_length", self.max_length)
+            self.max_length = number("max_length", self.max_length, 1, integer=True)
         if not isinstance(self.skip_bad_rows, bool):
             raise ValueError(f"skip_bad_rows must be true or false, got {self.skip_bad_rows!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        self.seed = int(self.seed)
+        self.seed = number("seed", self.seed, 0, integer=True)
 
 
 def last_complete_checkpoint(ckpt_dir: Path) -> str | None:

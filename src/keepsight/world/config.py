@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 from dataclasses import dataclass
 
+from ..checks import number
 from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS
 
 # The closed vocabulary the world draws from. A difficulty picks subsets of these.
@@ -42,9 +41,7 @@ class WorldConfig:
     noise_std: float = 6.0  # std of per-pixel Gaussian noise (0-255 scale); 0 for clean images
 
     def __post_init__(self) -> None:
-        if isinstance(self.image_size, bool) or not isinstance(self.image_size, numbers.Integral) \
-                or not 8 <= self.image_size <= MAX_IMAGE:
-            raise ValueError(f"image_size must be an integer in [8, {MAX_IMAGE}] pixels, got {self.image_size!r}")
+        number("image_size", self.image_size, 8, MAX_IMAGE, integer=True)  # pixels
         try:
             self.grid = tuple(int(g) for g in self.grid)
         except (TypeError, ValueError):
@@ -83,14 +80,8 @@ class WorldConfig:
             if len(set(values)) != len(values) or len(values) < least:
                 raise ValueError(f"{name}: need at least {least} distinct values, got {list(values)}")
         for name in ("prior_colour", "prior_shape", "jitter"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("prior_colour", "prior_shape", "jitter", "noise_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if self.noise_std < 0:
-            raise ValueError(f"noise_std must be >= 0, got {self.noise_std}")
+            number(name, getattr(self, name), 0.0, 1.0)
+        number("noise_std", self.noise_std, 0.0)
 
     @property
     def cell_px(self) -> float:

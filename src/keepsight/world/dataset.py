@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import shutil
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import datasets
 
 from ..atomic import atomic_save_dir, check_output_dir, marked_kind
+from ..checks import number
 from .config import WorldConfig
 from .render import png_bytes, render
 from .scene import Scene, sample_scene
@@ -25,9 +25,8 @@ IMAGES_DIR = "images"
 def iter_scenes(config: WorldConfig, n: int, seed: int = 0, n_objects: int | None = None, start: int = 0):
     """Scenes ``start .. start+n-1`` of the world with ``seed``, one at a time (each depends only on seed and
     index)."""
-    for name, value, low in (("n", n, 0), ("seed", seed, 0), ("start", start, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    for name, value in (("n", n), ("seed", seed), ("start", start)):
+        number(name, value, 0, integer=True)
     for i in range(n):
         yield sample_scene(config, seed, start + i, n_objects=n_objects)
 
@@ -58,8 +57,7 @@ def build_world(out: str | os.PathLike, config: WorldConfig, n: int, seed: int =
     keepsight wrote, never another directory.
     """
     out = Path(out)
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    number("n", n, 1, integer=True)
     if out.exists():
         if not overwrite:
             raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
