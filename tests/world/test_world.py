@@ -208,7 +208,7 @@ def test_bad_world_dirs_give_clear_errors(tmp_path):
     path = build_world(tmp_path / "w", world_config(), 3, seed=0, overwrite=True)
     with open(path / "scenes.jsonl", "a") as f:
         f.write("{not json\n")
-    with pytest.raises(ValueError, match=r"scenes.jsonl:4 is corrupt"):
+    with pytest.raises(ValueError, match=r"scenes.jsonl:4: not valid JSON"):
         read_world(path)
     path = build_world(tmp_path / "w", world_config(), 3, seed=0, overwrite=True)
     next((path / "images").iterdir()).unlink()

@@ -11,6 +11,7 @@ import datasets
 
 from ..atomic import atomic_save_dir, check_output_dir, marked_kind
 from ..checks import number
+from ..jsonl import read_jsonl
 from .config import WorldConfig
 from .render import png_bytes, render
 from .scene import Scene, sample_scene
@@ -137,20 +138,16 @@ def read_world(path: str | os.PathLike) -> tuple[WorldConfig, list[dict]]:
     except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{meta_file} is corrupt: {e}") from None
     records = []
-    with open(scenes_file) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                img = path / rec["image"]
-                Scene.from_dict(rec["scene"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{scenes_file}:{lineno} is corrupt: {e!r}") from None
-            if not img.is_file():
-                raise FileNotFoundError(f"{scenes_file}:{lineno}: image {img} is missing")
-            rec["image"] = str(img)
-            records.append(rec)
+    for where, rec in read_jsonl(scenes_file, "world scenes"):
+        try:
+            img = path / rec["image"]
+            Scene.from_dict(rec["scene"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{where} is corrupt: {e!r}") from None
+        if not img.is_file():
+            raise FileNotFoundError(f"{where}: image {img} is missing")
+        rec["image"] = str(img)
+        records.append(rec)
     if not records:
         raise ValueError(f"{scenes_file} holds no scenes")
     return config, records
