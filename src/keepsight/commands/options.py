@@ -17,8 +17,9 @@ from ..world.dataset import is_world, read_world
 from ..world.tasks import WorldSamples
 
 
-def _parsed(convert, kind: str, low, high=None, *, open_low: bool = False):
-    integer = kind == "int"
+def _parsed(convert, low, high=None, *, open_low: bool = False):
+    """An argparse type: ``convert`` (int or float) the text, then check it with ``checks.number``."""
+    integer = convert is int
     what = requirement(low, high, integer=integer, open_low=open_low)
 
     def parse(text: str):
@@ -31,19 +32,19 @@ def _parsed(convert, kind: str, low, high=None, *, open_low: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}") from None
 
-    parse.accepts = (kind, low, high if integer else open_low)  # read by the tests that try values outside the range
+    parse.accepts = (convert.__name__, low, high if integer else open_low)  # read by the tests that try values outside the range
     return parse
 
 
 def bounded_int(low: int, high: int):
     """An integer in [low, high] (options whose huge values are mistakes, e.g. a benchmark's repeats)."""
-    return _parsed(int, "int", low, high)
+    return _parsed(int, low, high)
 
 
-positive_int = _parsed(int, "int", 1)
-nonneg_int = _parsed(int, "int", 0)
-positive_float = _parsed(float, "float", 0.0, open_low=True)
-nonneg_float = _parsed(float, "float", 0.0)
+positive_int = _parsed(int, 1)
+nonneg_int = _parsed(int, 0)
+positive_float = _parsed(float, 0.0, open_low=True)
+nonneg_float = _parsed(float, 0.0)
 
 
 def run_name(text: str) -> str:

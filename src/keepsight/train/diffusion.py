@@ -41,8 +41,7 @@ class DiffusionTrainConfig(TrainOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.answer_length = number("answer_length", self.answer_length, 1, integer=True)
-        if not 0 < self.eps < 1:
-            raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        number("eps", self.eps, 0.0, 1.0, open_low=True, open_high=True)
 
 
 @dataclass

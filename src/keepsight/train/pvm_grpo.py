@@ -87,9 +87,7 @@ class GRPOTrainConfig(TrainOptions):
         super().__post_init__()
         self.gate_lr = number("gate_lr", self.gate_lr, 0.0, open_low=True)
         self.temperature = number("temperature", self.temperature, 0.0, open_low=True)
-        self.top_p = number("top_p", self.top_p, 0.0, open_low=True)
-        if self.top_p > 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        self.top_p = number("top_p", self.top_p, 0.0, 1.0, open_low=True)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.trainable not in TRAINABLE:
@@ -98,8 +96,7 @@ class GRPOTrainConfig(TrainOptions):
             raise ValueError(f"mask_truncated_completions must be true or false, got {self.mask_truncated_completions!r}")
         if self.max_completion_length is not None:
             self.max_completion_length = number("max_completion_length", self.max_completion_length, 1, integer=True)
-        if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not 0 <= self.beta < float("inf"):
-            raise ValueError(f"beta must be >= 0 and finite, got {self.beta!r}")
+        number("beta", self.beta, 0.0)
         if self.batch_size > MAX_COMPLETIONS:
             raise ValueError(f"prompts_per_step x num_generations = {self.batch_size} completions a step; at most "
                              f"{MAX_COMPLETIONS}")
