@@ -12,6 +12,8 @@ from keepsight.cli import build_parser, main
 from keepsight.commands import bridge as bridge_command
 from keepsight.commands import pvm as pvm_command
 from keepsight.commands.config_options import field_comments
+from keepsight.diffusion import MPSConfig
+from keepsight.inference import get_method, method_names
 from keepsight.pvm import PVMConfig
 from keepsight.train.bridge import BridgeTrainConfig
 from keepsight.train.diffusion import DiffusionTrainConfig
@@ -27,6 +29,10 @@ CONFIGS = {
     ("bridge", "train"): [("train", BridgeTrainConfig, {"bridge_options"}),
                           ("lia_mtr", LiaMtrConfig, {"d_vision", "d_model"})],
 }
+# the decoding methods' settings, from the method registry
+_AR = [(n, get_method(n).config, set()) for n in method_names("decode", "autoregressive")]
+_DIFFUSION = [(n, get_method(n).config, set()) for n in method_names("decode", "diffusion")]
+CONFIGS |= {("eval", "generate"): _AR + _DIFFUSION, ("eval", "pope"): _AR + _DIFFUSION, ("world", "eval"): _AR}
 
 
 class Captured(ValueError):
@@ -64,6 +70,14 @@ def test_comments_become_help():
     assert field_comments(GRPOTrainConfig)["warmup_ratio"].startswith("linear warm-up")  # from the base class
     help_text = _leaf(("pvm", "train")).format_help()
     assert "--pvm.normalize_v NORMALIZE_V" in help_text and "--pvm.key_proj, --no-pvm.key_proj" in help_text
+
+
+def test_help_from_the_comment_over_a_field_and_indented_continuations():
+    pvm, mps = field_comments(PVMConfig), field_comments(MPSConfig)
+    assert pvm["pvm_hidden_size"].startswith("the latent width p; None: 512") and "(branch variant)" in pvm["pvm_hidden_size"]
+    assert pvm["expander_init"].endswith("(identity, but no gradient at all)")  # its "#   ..." line below
+    assert mps["lam"] == "suppression strength (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)"  # not the header below it
+    assert "heads" in pvm and "branch variant" not in pvm["heads"]  # a group header over a commented field
 
 
 @pytest.fixture

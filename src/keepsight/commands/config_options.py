@@ -17,11 +17,13 @@ import types
 import typing
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
-_CONTINUATION = re.compile(r"^\s+#\s+(.*)$")
+_CONTINUATION = re.compile(r"^\s+#\s{2,}(.*)$")  # "#" and two or more spaces: the comment above goes on
+_ABOVE = re.compile(r"^\s+#\s(\S.*)$")  # "# text": a comment over the next field (or over a group of fields)
 
 
 def field_comments(cls) -> dict[str, str]:
-    """``{field: the comment on its line (and the comment lines right below it)}`` for ``cls`` and its bases."""
+    """``{field: its help}`` for ``cls`` and its bases: the comment on the field's line with the indented comment
+    lines right below it (``#   more``), or, for a field with none, the comment lines right above it."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -30,19 +32,24 @@ def field_comments(cls) -> dict[str, str]:
             lines = inspect.getsource(klass).splitlines()
         except (OSError, TypeError):
             continue
-        current = None
+        current, above = None, []
         for line in lines:
             m = _FIELD.match(line)
             if m and not line.strip().startswith(("def ", "return", "#")):
                 current = m.group(1)
                 if m.group(2):
                     out[current] = m.group(2).strip()
+                elif above:
+                    out[current] = " ".join(above)
+                above = []
                 continue
             c = _CONTINUATION.match(line)
             if c and current in out:
                 out[current] += " " + c.group(1).strip()
-            else:
-                current = None
+                continue
+            a = _ABOVE.match(line)
+            above = [*above, a.group(1).strip()] if a else []
+            current = None
     return out
 
 

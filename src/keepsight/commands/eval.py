@@ -41,7 +41,7 @@ from ..atomic import (
     write_text,
 )
 from ..data import Sample, open_dataset, open_image, preflight
-from ..inference import Pipeline, method_names
+from ..inference import Pipeline
 from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
@@ -57,7 +57,8 @@ from ..metrics.pope import (
 )
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
-from .options import DATA_HELP, bounded_int, json_settings, nonneg_int, positive_int, read_samples
+from .method_options import add_method_options, baseline_choice, switched_settings
+from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
 
 POPE_KIND = "pope"
 
@@ -90,13 +91,10 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
-    g.add_argument("--baseline", choices=method_names("decode", "autoregressive"), help="a training-free decoding baseline "
-                   "(keepsight.baselines) on top of the model (and --pvm / --bridge)")
-    g.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
-    g.add_argument("--mps", nargs="?", const="{}", help='diffusion: Mask Prior Suppression, optional JSON settings '
-                   '(default: the paper\'s, {"k": 3, "lam": 0.1})')
-    g.add_argument("--mrs", nargs="?", const="{}", help='diffusion: Monotonic RoPE Scaling, optional JSON settings '
-                   '(default: the paper\'s, {"beta": 0.01, "eta": 8, "tau0": 0.6})')
+    g.add_argument("--mps", nargs="?", const="{}", metavar="JSON", help="diffusion: Mask Prior Suppression "
+                   "(the released defaults, or the --mps.FIELD options below, or their JSON object)")
+    g.add_argument("--mrs", nargs="?", const="{}", metavar="JSON", help="diffusion: Monotonic RoPE Scaling "
+                   "(the released defaults, or the --mrs.FIELD options below, or their JSON object)")
     g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token)")
     g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
     g.add_argument("--max-new-tokens", type=positive_int, default=64)
@@ -105,21 +103,20 @@ def method_args(g, required_model: bool = True) -> None:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--device", default="auto")
     g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
+    add_method_options(g, ("autoregressive", "diffusion"))
 
 
 def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
-    if (args.mps or args.mrs or args.steps or args.block_length) and not args.diffusion:
-        raise ValueError("--mps, --mrs, --steps and --block-length are for --diffusion")
+    mps, mrs = switched_settings(args, "mps"), switched_settings(args, "mrs")
+    if (mps is not None or mrs is not None or args.steps or args.block_length) and not args.diffusion:
+        raise ValueError("--mps, --mrs (and their options), --steps and --block-length are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
-    if args.baseline_args and not args.baseline:
-        raise ValueError("--baseline-args needs --baseline")
-    baseline_args = json_settings("--baseline-args", args.baseline_args) or None
-    return Pipeline(args.model, method=method, pvm=args.pvm, mps=_settings("mps", args.mps),
-                    mrs=_settings("mrs", args.mrs), dtype=args.dtype, device=args.device,
-                    max_new_tokens=args.max_new_tokens, steps=args.steps, block_length=args.block_length,
-                    seed=args.seed, system_prompt=args.system_prompt, baseline=args.baseline,
-                    baseline_args=baseline_args)
+    baseline, baseline_args = baseline_choice(args)
+    return Pipeline(args.model, method=method, pvm=args.pvm, mps=mps, mrs=mrs, dtype=args.dtype,
+                    device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
+                    block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
+                    baseline=baseline, baseline_args=baseline_args or None)
 
 
 def generate_parser(ev_sub) -> None:
@@ -141,13 +138,6 @@ def score_parser(ev_sub) -> None:
     sc.add_argument("--out", type=Path, help="result JSON (default: the predictions path with suffix .score.json)")
     sc.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
     sc.set_defaults(func=run_score)
-
-
-def _settings(name: str, text: str | None) -> dict | None:
-    """--mps / --mrs: None when absent, {} (the released defaults) when given bare, else the JSON's settings."""
-    if text is None:
-        return None
-    return json_settings(f"--{name}", text)
 
 
 def eval_dataset(args):

@@ -8,7 +8,7 @@ import dataclasses
 
 from ..atomic import check_output_dir, check_output_file, write_output_json
 from ..determinism import DEFAULT_THREADS, configure
-from ..inference import build_method, method_names
+from ..inference import build_method
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
@@ -17,8 +17,8 @@ from ..world.dataset import build_world, check_in_memory, generate_scenes
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
 from ..world.tasks import WorldSamples
+from .method_options import add_method_options, baseline_choice
 from .options import (
-    json_settings,
     nonneg_int,
     placement_args,
     positive_float,
@@ -70,13 +70,11 @@ def add_parser(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
-    e.add_argument("--baseline", choices=method_names("decode", "autoregressive"), help="a training-free decoding baseline (keepsight."
-                   "baselines); combines with --pvm or --lora")
-    e.add_argument("--baseline-args", help='its settings as JSON, e.g. \'{"alpha": 1.0}\' (default: the paper\'s)')
     e.add_argument("--out", help="write the scores as JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
                    "keepsight's")
     placement_args(e)
+    add_method_options(e, ("autoregressive",))  # a baseline combines with --pvm or --lora
     e.set_defaults(func=run_eval)
 
 
@@ -133,23 +131,21 @@ def run_eval(args) -> int:
     if args.out:
         check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora],
                           overwrite=args.overwrite)
+    baseline, settings = baseline_choice(args)
+    method = build_method(baseline, **settings) if baseline else None  # bad settings before the model loads
     samples = read_samples(args.data, args.limit)
     model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm:
         load_pvm(model, args.pvm)
     if args.lora:
         model = apply_lora(model, args.lora)
-    if args.baseline_args and not args.baseline:
-        raise ValueError("--baseline-args needs --baseline")
-    method = build_method(args.baseline, **json_settings("--baseline-args", args.baseline_args)) \
-        if args.baseline else None
     with method.apply(model) if method is not None else contextlib.nullcontext():
         yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)
         res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
                "descriptions": evaluate_descriptions(model, processor, samples)}
     if method is not None:
-        res["baseline"] = {"name": args.baseline, "config": dataclasses.asdict(method.config), "stats": method.stats()}
-        print(f"{args.baseline}: {method.stats()}")
+        res["baseline"] = {"name": baseline, "config": dataclasses.asdict(method.config), "stats": method.stats()}
+        print(f"{baseline}: {method.stats()}")
     for c, v in yn["categories"].items():
         print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
     ch = res["descriptions"]["chair"]

@@ -60,7 +60,10 @@ class Pipeline:
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None):
         self.method = get_method(method, stage="load").name
-        requested = self._requested_baseline(baseline, baseline_args)  # bad settings before a (minutes long) load
+        # (entry, object) of every decoding method, applied in this order around each batch; built here so that
+        # bad settings are named before a (minutes long) load, prepared on the model once it is loaded
+        self._decoders: list = self._requested_diffusion(mps, mrs)
+        requested = self._requested_baseline(baseline, baseline_args)
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
@@ -78,21 +81,24 @@ class Pipeline:
         self.kind = checkpoint_kind(self.path)
         self._check_kind()
         self._model, self._processor = self._load()
-        # (entry, object) of every decoding method, applied in this order around each batch
-        self._decoders: list = []
-        if self.method == "diffusion":
-            for name, settings in (("mps", self.mps), ("mrs", self.mrs)):
-                if settings is not None:
-                    entry = get_method(name, stage="decode", family="diffusion")
-                    self._decoders.append((entry, entry.make(settings, self._model, self.tokenizer)))
         self._baseline = None
         if requested is not None:
-            entry, self._baseline = requested
-            if entry.prepare is not None:
-                entry.prepare(self._baseline, self._model, self.tokenizer)
+            self._baseline = requested[1]
             self._decoders.append(requested)
+        for entry, obj in self._decoders:
+            if entry.prepare is not None:
+                entry.prepare(obj, self._model, self.tokenizer)
 
     # ------------------------------------------------------------------ setup
+
+    def _requested_diffusion(self, mps, mrs) -> list:
+        """[(registry entry, method object)] of MPS and MRS as given (a diffusion model's; elsewhere
+        ``_check_method_arguments`` refuses them)."""
+        if self.method != "diffusion":
+            return []
+        given = [(get_method(name, stage="decode", family="diffusion"), settings)
+                 for name, settings in (("mps", mps), ("mrs", mrs)) if settings is not None]
+        return [(entry, entry.make(settings)) for entry, settings in given]
 
     def _requested_baseline(self, baseline, baseline_args) -> tuple | None:
         """(registry entry, method object) of the baseline, built (its settings checked) before the model loads;

@@ -1,0 +1,96 @@
+"""The decoding methods' options, generated from the method registry: ``--<method>.<field>`` reaches the method as
+the same settings its JSON object gives, turns the method on, is checked by the method's config, and a setting
+given twice, or for a method other than the chosen one, is an error naming it."""
+
+import json
+
+import pytest
+
+from keepsight.cli import build_parser, main
+from keepsight.commands import eval as eval_command
+from keepsight.commands.method_options import baseline_choice, switched_settings
+from keepsight.world.models import save_tiny_checkpoint
+
+GENERATE = ["eval", "generate", "--model", "m", "--data", "d", "--out", "o.jsonl"]
+
+
+def _args(*extra):
+    return build_parser().parse_args([*GENERATE, *extra])
+
+
+def test_dotted_options_are_the_json_settings():
+    dotted = baseline_choice(_args("--vcd.alpha", "0.5", "--vcd.seed", "3", "--vcd.schedule", "linear"))
+    given = baseline_choice(_args("--baseline", "vcd", "--baseline-args",
+                                  '{"alpha": 0.5, "seed": 3, "schedule": "linear"}'))
+    assert dotted == given == ("vcd", {"alpha": 0.5, "seed": 3, "schedule": "linear"})
+    assert baseline_choice(_args("--baseline", "pai", "--pai.layers", "3", "4", "--no-pai.amplify_prefill")) == \
+        ("pai", {"layers": [3, 4], "amplify_prefill": False})
+    merged = baseline_choice(_args("--baseline", "deco", "--baseline-args", '{"alpha": 0.6}', "--deco.top_k", "5"))
+    assert merged == ("deco", {"alpha": 0.6, "top_k": 5})
+    assert baseline_choice(_args()) == (None, None)
+
+
+def test_the_diffusion_switches():
+    assert switched_settings(_args(), "mps") is None and switched_settings(_args("--mps"), "mps") == {}
+    assert switched_settings(_args("--mps.k", "5"), "mps") == {"k": 5}  # an option turns MPS on
+    assert switched_settings(_args("--mps.layers", "1", "2"), "mps") == {"layers": [1, 2]}
+    assert switched_settings(_args("--mps.layers", "final"), "mps") == {"layers": "final"}
+    assert switched_settings(_args("--mrs", '{"eta": 12}', "--mrs.beta", "0.02"), "mrs") == {"eta": 12, "beta": 0.02}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--baseline", "vcd", "--baseline-args", '{"alpha": 1}', "--vcd.alpha", "2"],
+     "--vcd.alpha given both as an option and in --baseline-args"),
+    (["--mrs", '{"beta": 0.1}', "--mrs.beta", "0.2"], "--mrs.beta given both as an option and in --mrs"),
+    (["--vcd.alpha", "1", "--pai.alpha", "1"], "settings of 2 baselines given (pai, vcd); one baseline at a time"),
+    (["--baseline", "pai", "--vcd.alpha", "1"], "--vcd.alpha set vcd, but --baseline is pai"),
+    (["--baseline-args", '{"alpha": 1}'], "--baseline-args needs --baseline"),
+    (["--mps.k", "5"], "are for --diffusion"),
+    (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
+    (["--diffusion", "--mps.k", "0"], "k must be"),
+    (["--diffusion", "--mrs.mode", "sideways"], "mode"),
+])
+def test_bad_settings_are_named_before_the_model_loads(monkeypatch, capsys, extra, message):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(eval_command.Pipeline, "_load", no_load)
+    monkeypatch.setattr(eval_command, "eval_dataset", lambda args: [])
+    monkeypatch.setattr(eval_command, "check_output_file", lambda path, *a, **k: path)
+    assert main([*GENERATE, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_value_of_the_wrong_type_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        _args("--vcd.alpha", "strong")
+    assert "--vcd.alpha: expected float, got 'strong'" in capsys.readouterr().err
+
+
+def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model, **kwargs):
+            seen.update(kwargs)
+            raise KeyboardInterrupt  # stop before any decoding
+
+    monkeypatch.setattr(eval_command, "Pipeline", Recorder)
+    with pytest.raises(KeyboardInterrupt):
+        eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8"))
+    assert seen["mps"] == {"k": 4} and seen["mrs"] == {} and seen["baseline"] is None
+    with pytest.raises(KeyboardInterrupt):
+        eval_command.load_method(_args("--pai.alpha", "0.5"))
+    assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["mps"] is None
+
+
+def test_world_eval_scores_equal_either_way(tmp_path):
+    model = save_tiny_checkpoint("tiny-llava", tmp_path / "m")
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--n", "2", "--seed", "1"]) == 0
+    common = ["world", "eval", "--model", str(model), "--data", str(tmp_path / "w"), "--out"]
+    assert main([*common, str(tmp_path / "a.json"), "--deco.alpha", "0.6", "--deco.top_k", "4"]) == 0
+    assert main([*common, str(tmp_path / "b.json"), "--baseline", "deco", "--baseline-args",
+                 '{"alpha": 0.6, "top_k": 4}']) == 0
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert a["baseline"]["config"]["alpha"] == 0.6 and a["baseline"]["config"]["top_k"] == 4
+    assert a == b
