@@ -59,9 +59,15 @@ def _strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "log_history"}
 
 
+def sft_dir_of(exp: PVMExperiment, model_dir) -> Path:
+    """Where stage 1's adapter of ``exp`` on the base ``model_dir`` is cached (its key: the block and the SFT
+    settings)."""
+    return Path(f"{model_dir}-pvm") / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
+
+
 def sft_adapter(exp: PVMExperiment, ctx: ExperimentContext) -> Path:
     """Stage 1's adapter of ``exp`` on the context's base: trained, or reused from the cache next to the base."""
-    sft_dir = Path(f"{ctx.model_dir}-pvm") / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
+    sft_dir = sft_dir_of(exp, ctx.model_dir)
     tc = ctx.train_config
     ctx.log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
     train_pvm_sft(ctx.model_dir, instruct_data(ctx.scenes(), exp.sft.seed, tc.instruct_tasks, tc.max_turns), sft_dir,
@@ -73,7 +79,7 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     """Train (or reuse) the three adapters on the training scenes and evaluate each arm on the held-out sets."""
     model_dir, train, sets, log = ctx.model_dir, ctx.scenes(), ctx.sets, ctx.log
     cache = Path(f"{model_dir}-pvm")
-    sft_dir = cache / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
+    sft_dir = sft_dir_of(exp, model_dir)
     lora_dir = cache / f"lora-{digest([exp.pvm.to_dict(), asdict(exp.lora)], 12)}"
     grpo_dir = cache / f"grpo-{digest([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight], 12)}"
 
