@@ -23,7 +23,18 @@ def test_the_quick_start_names_its_commands():
     assert len(_blocks("python")) >= 4
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch):
+@pytest.fixture
+def registry_kept():
+    """The README registers a method: the registry is as it was afterwards."""
+    from keepsight.inference import METHODS
+
+    before = dict(METHODS)
+    yield
+    METHODS.clear()
+    METHODS.update(before)
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch, registry_kept):
     monkeypatch.chdir(tmp_path)
     setup = next(b for b in _blocks("bash") if MARKER in b)
     for line in setup.split(MARKER, 1)[1].splitlines():

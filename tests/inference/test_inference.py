@@ -10,7 +10,15 @@ import torch
 
 from keepsight.baselines import BASELINES
 from keepsight.data import chat_example
-from keepsight.inference import METHODS, Generation, Pipeline, get_method, method_names, register_method
+from keepsight.inference import (
+    METHODS,
+    Decoders,
+    Generation,
+    Pipeline,
+    get_method,
+    method_names,
+    register_method,
+)
 from keepsight.inference import registry as registry_module
 from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model
@@ -143,3 +151,30 @@ def test_non_finite_pixels_are_refused_by_every_baseline(base, processor, images
     for name in ("vcd", "pai", "memvr", "deco", "opera"):
         with build_baseline(name).apply(model), pytest.raises(ValueError, match="pixel_values holds NaN or inf"):
             model.generate(**enc, max_new_tokens=2, do_sample=False)
+
+
+def test_decoders_apply_a_method_around_any_loop_as_the_pipeline_does(base, processor, images):
+    """``Decoders`` (what the experiments and benchmarks apply) around a plain ``generate`` gives the Pipeline's
+    answers and stats, and leaves the model plain on exit."""
+    model, path = base
+    pipe = Pipeline(path, device="cpu", baseline="vcd", baseline_args={"alpha": 2.0})
+    expected = pipe.generate(QUESTIONS, images, max_new_tokens=4)
+    decoders = Decoders([("vcd", {"alpha": 2.0})], family="autoregressive").prepare(model, processor.tokenizer)
+    assert decoders.names() == ["vcd"] and len(decoders) == 1
+    with decoders.applied(model):
+        texts = direct_greedy(model, processor, images, 4)
+    assert texts == expected.texts and decoders.stats() == expected.stats
+    assert direct_greedy(model, processor, images, 4) == direct_greedy(pipe.model, processor, images, 4)
+    with pytest.raises(ValueError, match="unknown method 'mps'"):
+        Decoders([("mps", {})], family="autoregressive")
+    with pytest.raises(ValueError, match="alpha must be >= 0.0"):  # built at once: bad settings before any loop
+        Decoders([("vcd", {"alpha": -1.0})])
+
+
+def test_a_registered_method_gets_its_command_line_options(example_method):
+    from keepsight.cli import build_parser
+    from keepsight.commands.method_options import baseline_choice
+
+    args = build_parser().parse_args(["eval", "generate", "--model", "m", "--data", "d", "--out", "o",
+                                      "--damp.factor", "0.25"])
+    assert baseline_choice(args) == ("damp", {"factor": 0.25})

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..data import chat_example, padding_side
-from ..inference import build_method
+from ..inference import Decoders
 from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_model, preset_processor
@@ -32,11 +32,11 @@ SIZES = {"tiny": {}, "mid": {"text_hidden": 512, "text_layers": 8, "text_heads":
                              "text_intermediate": 1536}}
 
 
-def _generate(model, enc, kw, method=None) -> None:
+def _generate(model, enc, kw, method: Decoders | None = None) -> None:
     if method is None:
         model.generate(**enc, **kw)
         return
-    with method.apply(model):
+    with method.applied(model, enc["input_ids"].shape[1]):
         model.generate(**enc, **kw)
 
 
@@ -63,7 +63,7 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
 
         _generate(model, enc, kw)  # warm-up
         for name, (settings, design, extra) in METHODS.items():
-            method = build_method(name.split(" ")[0], **settings)
+            method = Decoders([(name.split(" ")[0], settings)], family="autoregressive")
             k_arm = {**kw, **extra}
             _generate(model, enc, k_arm, method)
             ta, tb = [], []
@@ -74,7 +74,7 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
             rows.append({"size": size, "method": name, "ratio": ratio, "design": design,
                          "ms_per_token_plain": 1000 * statistics.median(ta) / new_tokens,
                          "ms_per_token": 1000 * statistics.median(tb) / new_tokens,
-                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()})
+                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()[name.split(" ")[0]]})
     print(f"{'size':<6}{'method':<22}{'ms/token plain':>15}{'ms/token':>10}{'ratio':>8}{'design':>8}")
     for r in rows:
         print(f"{r['size']:<6}{r['method']:<22}{r['ms_per_token_plain']:>15.2f}{r['ms_per_token']:>10.2f}"

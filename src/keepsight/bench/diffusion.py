@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from ..data import chat_example
-from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, generate
+from ..diffusion import generate
+from ..inference import Decoders
 from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_llada_v
@@ -71,15 +72,16 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
     enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
     P = enc["input_ids"].shape[1]
-    mps = MaskPriorSuppression().fit(model, processor.tokenizer)  # the papers' settings (MPSConfig / MRSConfig)
-    mrs = MonotonicRoPEScaling()
+    # MPS and MRS at the papers' settings (MPSConfig / MRSConfig), from the method registry
+    mps_mrs = Decoders([("mps", {}), ("mrs", {})], family="diffusion").prepare(model, processor.tokenizer)
+    mps = mps_mrs.items[0][1]
 
     def sample(steps: int, fixes: bool, **kw):
         def go():
             return generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=gen_length,
                             steps=steps, block_length=block_length, **kw)
         if fixes:
-            with mps.apply(model), mrs.apply(model):
+            with mps_mrs.applied(model, P):
                 return go()
         return go()
 

@@ -8,7 +8,7 @@ import dataclasses
 
 from ..atomic import check_output_dir, check_output_file, write_output_json
 from ..determinism import DEFAULT_THREADS, configure
-from ..inference import build_method
+from ..inference import Decoders
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
@@ -132,20 +132,21 @@ def run_eval(args) -> int:
         check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora],
                           overwrite=args.overwrite)
     baseline, settings = baseline_choice(args)
-    method = build_method(baseline, **settings) if baseline else None  # bad settings before the model loads
+    method = Decoders([(baseline, settings)], family="autoregressive") if baseline else None  # checked before loading
     samples = read_samples(args.data, args.limit)
     model, processor = load_checkpoint(args.model, dtype=args.dtype, device=args.device, expect="autoregressive")
     if args.pvm:
         load_pvm(model, args.pvm)
     if args.lora:
         model = apply_lora(model, args.lora)
-    with method.apply(model) if method is not None else contextlib.nullcontext():
+    with method.applied(model) if method is not None else contextlib.nullcontext():
         yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)
         res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
                "descriptions": evaluate_descriptions(model, processor, samples)}
     if method is not None:
-        res["baseline"] = {"name": baseline, "config": dataclasses.asdict(method.config), "stats": method.stats()}
-        print(f"{baseline}: {method.stats()}")
+        obj = method.items[0][1]
+        res["baseline"] = {"name": baseline, "config": dataclasses.asdict(obj.config), "stats": obj.stats()}
+        print(f"{baseline}: {obj.stats()}")
     for c, v in yn["categories"].items():
         print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
     ch = res["descriptions"]["chair"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..inference import build_method
+from ..inference import Decoders
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..world.evaluate import generate_answers
@@ -54,13 +54,18 @@ class BaselinesExperiment:
                 "timing_repeats": self.timing_repeats, "pope_per_image": self.pope_per_image}
 
 
-def _time_per_token(model, processor, samples, method, repeats: int) -> float:
+def _arm(method_name: str, settings: dict) -> Decoders:
+    """The arm's method from the registry (applied the way ``keepsight.inference.Pipeline`` applies it)."""
+    return Decoders([(method_name, settings)], family="autoregressive")
+
+
+def _time_per_token(model, processor, samples, method: Decoders | None, repeats: int) -> float:
     """Median seconds per generated token of ``samples``' descriptions (fixed budget, greedy)."""
     images = samples.images
     budget = 48
     times = []
     for _ in range(repeats):
-        with method.apply(model) if method is not None else contextlib.nullcontext():
+        with method.applied(model) if method is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
             generate_answers(model, processor, [DESCRIBE_PROMPT] * len(images), images, budget, batch_size=16)
             times.append((time.perf_counter() - t0) / (budget * len(images)))
@@ -78,14 +83,14 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
     speed = {"base": 1.0}
     stats = {}
     for name, (method_name, settings) in exp.arms.items():
-        method = build_method(method_name, **settings)
+        method = _arm(method_name, settings)
         log(f"evaluating {name}")
-        with method.apply(model):
+        with method.applied(model):
             result = evaluate_arm(model, processor, sets, log, decoding_method=True)
             result["pope"] = evaluate_world_pope(model, processor, sets.eval, exp.pope_per_image)
-        stats[name] = method.stats()
+        stats[name] = method.stats()[method_name]
         arms[name] = result
-        speed[name] = _time_per_token(model, processor, timing, build_method(method_name, **settings),
+        speed[name] = _time_per_token(model, processor, timing, _arm(method_name, settings),
                                       exp.timing_repeats) / base_time
     if exp.beam_arms:
         n = exp.beam_scenes
@@ -95,15 +100,15 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
         arms[f"base ({n} scenes)"] = {**evaluate_arm(model, processor, sub, log, decoding_method=True),
                                       "pope": evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)}
         for name, (method_name, settings) in exp.beam_arms.items():
-            method = build_method(method_name, **settings)
+            method = _arm(method_name, settings)
             log(f"evaluating {name} on {n} scenes")
-            with method.apply(model):
+            with method.applied(model):
                 result = evaluate_arm(model, processor, sub, log, decoding_method=True)
                 result["pope"] = evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)
-            stats[f"{name} ({n} scenes)"] = method.stats()
+            stats[f"{name} ({n} scenes)"] = method.stats()[method_name]
             arms[f"{name} ({n} scenes)"] = result
-            speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, build_method(
-                method_name, **settings), exp.timing_repeats) / base_time
+            speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, _arm(method_name, settings),
+                                                            exp.timing_repeats) / base_time
     if exp.pvm is not None:
         adapter = sft_adapter(exp.pvm, ctx)  # the PVM experiment's stage-1 adapter (cached when it ran)
         with_pvm, proc = load_checkpoint(model_dir, dtype=None, device="cpu")

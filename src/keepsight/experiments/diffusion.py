@@ -28,7 +28,6 @@ import torch
 from ..data import chat_example
 from ..diffusion import (
     MaskPriorSuppression,
-    MonotonicRoPEScaling,
     MPSConfig,
     MRSConfig,
     RoPEBaseline,
@@ -37,6 +36,7 @@ from ..diffusion import (
     prior_cosine,
 )
 from ..fingerprint import digest
+from ..inference import Decoders
 from ..metrics import chair, distinct_n, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..models.llada_official import shipped_decoding
@@ -132,16 +132,15 @@ class _Runner:
         suppress, _ = shipped_decoding(tok)  # LLaDA-V's bans as shipped; the world's tokenizer has none of them
         self.suppress = suppress or [tok.pad_token_id, tok.bos_token_id]
 
-    def method(self, name: str, mps_kw: dict, mrs_kw: dict):
-        stack = contextlib.ExitStack()
-        if name in ("mps", "both"):
-            mps = MaskPriorSuppression(**mps_kw).fit(self.model, self.processor.tokenizer)
-            stack.enter_context(mps.apply(self.model))
-        if name in ("mrs", "both"):
-            stack.enter_context(MonotonicRoPEScaling(**mrs_kw).apply(self.model, gen_start=self.prompt_len))
+    def method(self, name: str, mps_kw: dict, mrs_kw: dict) -> contextlib.AbstractContextManager:
+        """``name`` applied to the runner's model: none, MPS, MRS or both from the method registry (the Pipeline's
+        ``Decoders``: MPS fitted on the model, MRS from the first generation column), or a RoPE-extension
+        baseline (NTK-aware / YaRN at factor 2, the MRS paper's comparison)."""
         if name in ("ntk", "yarn"):
-            stack.enter_context(RoPEBaseline(name, factor=2.0).apply(self.model))
-        return stack
+            return RoPEBaseline(name, factor=2.0).apply(self.model)
+        requests = [(m, kw) for m, kw in (("mps", mps_kw), ("mrs", mrs_kw)) if name in (m, "both")]
+        decoders = Decoders(requests, family="diffusion").prepare(self.model, self.processor.tokenizer)
+        return decoders.applied(self.model, self.prompt_len)
 
     @torch.no_grad()
     def run(self, steps: int, name: str = "none", mps_kw: dict | None = None, mrs_kw: dict | None = None,

@@ -1,5 +1,5 @@
-"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model, the
-experiments and the benchmarks.
+"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval`` and the lmms-eval model (the
+world experiments and the benchmarks, which score with their own loops, apply the same ``Decoders``).
 
     from keepsight.inference import Pipeline
     pipe = Pipeline("runs/full/base", baseline="vcd")             # any supported checkpoint directory
@@ -28,6 +28,7 @@ from ..models.arch import check_finite, check_length
 from ..models.llada_official import shipped_decoding
 from ..pvm import load_pvm
 from .arguments import decoding_settings
+from .decoders import Decoders
 from .registry import get_method, method_names
 
 
@@ -60,10 +61,14 @@ class Pipeline:
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None):
         self.method = get_method(method, stage="load").name
-        # (entry, object) of every decoding method, applied in this order around each batch; built here so that
-        # bad settings are named before a (minutes long) load, prepared on the model once it is loaded
-        self._decoders: list = self._requested_diffusion(mps, mrs)
-        requested = self._requested_baseline(baseline, baseline_args)
+        # the decoding methods, applied in this order around each batch; built here so that bad settings are named
+        # before a (minutes long) load, prepared on the model once it is loaded
+        self._decoders = Decoders()
+        if self.method == "diffusion":  # elsewhere _check_method_arguments refuses mps / mrs
+            for name, settings in (("mps", mps), ("mrs", mrs)):
+                if settings is not None:
+                    self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
+        self._baseline = self._requested_baseline(baseline, baseline_args)
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
@@ -81,33 +86,17 @@ class Pipeline:
         self.kind = checkpoint_kind(self.path)
         self._check_kind()
         self._model, self._processor = self._load()
-        self._baseline = None
-        if requested is not None:
-            self._baseline = requested[1]
-            self._decoders.append(requested)
-        for entry, obj in self._decoders:
-            if entry.prepare is not None:
-                entry.prepare(obj, self._model, self.tokenizer)
+        self._decoders.prepare(self._model, self.tokenizer)
 
     # ------------------------------------------------------------------ setup
 
-    def _requested_diffusion(self, mps, mrs) -> list:
-        """[(registry entry, method object)] of MPS and MRS as given (a diffusion model's; elsewhere
-        ``_check_method_arguments`` refuses them)."""
-        if self.method != "diffusion":
-            return []
-        given = [(get_method(name, stage="decode", family="diffusion"), settings)
-                 for name, settings in (("mps", mps), ("mrs", mrs)) if settings is not None]
-        return [(entry, entry.make(settings)) for entry, settings in given]
-
-    def _requested_baseline(self, baseline, baseline_args) -> tuple | None:
-        """(registry entry, method object) of the baseline, built (its settings checked) before the model loads;
-        a ValueError where it does not fit ``method``."""
+    def _requested_baseline(self, baseline, baseline_args):
+        """The baseline's method object (added to the decoding methods), built (its settings checked) before the
+        model loads, or None; a ValueError where it does not fit ``method``."""
         if baseline not in (None, "", "none"):
             if self.method == "diffusion":
                 raise ValueError(f"baseline={baseline} decodes autoregressive models; method is diffusion")
-            entry = get_method(baseline, stage="decode", family="autoregressive")
-            return entry, entry.make(baseline_args)
+            return self._decoders.add(get_method(baseline, stage="decode", family="autoregressive"), baseline_args)
         if baseline_args:
             raise ValueError(f"baseline settings given without a baseline "
                              f"({'|'.join(method_names('decode', 'autoregressive'))})")
@@ -249,7 +238,7 @@ class Pipeline:
 
     def decoding_stats(self) -> dict:
         """``{method name: its stats()}`` for the decoding methods that report them, after the last batch."""
-        return {entry.name: obj.stats() for entry, obj in self._decoders if hasattr(obj, "stats")}
+        return self._decoders.stats()
 
     def baseline_stats(self) -> dict | None:
         """How often the baseline acted in the last generation batch (``keepsight.baselines``), or None."""
@@ -291,10 +280,7 @@ class Pipeline:
         return [self.cut(t, s["until"]) for t in texts]
 
     def _applied(self, prompt_len: int) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        for entry, obj in self._decoders:
-            stack.enter_context(entry.applied(obj, self._model, prompt_len))
-        return stack
+        return self._decoders.applied(self._model, prompt_len)
 
     def _eos_ids(self) -> set[int]:
         ids = set()

@@ -27,7 +27,9 @@ it on exit) and ``stats()`` (a dict: how often it acted). Adding one is a module
 
     register_method("damp", DampConfig, Damp, family="autoregressive", needs="nothing")
 
-after which ``keepsight.inference.Pipeline(..., baseline="damp")`` decodes with it and reports its stats.
+after which ``keepsight.inference.Pipeline(..., baseline="damp")`` decodes with it and reports its stats,
+``keepsight.inference.Decoders([("damp", {"factor": 2.0})])`` applies it around any decoding loop, and
+``keepsight eval generate`` / ``keepsight world eval`` take ``--damp.factor``.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class Method:
             self.prepare(obj, model, tokenizer)
         return obj
 
-    def applied(self, obj, model, prompt_len: int) -> contextlib.AbstractContextManager:
+    def applied(self, obj, model, prompt_len: int | None) -> contextlib.AbstractContextManager:
         """The context manager that applies ``obj`` to ``model`` for a batch whose prompts are ``prompt_len`` long."""
         return self.enter(obj, model, prompt_len) if self.enter is not None else obj.apply(model)
 
