@@ -8,12 +8,13 @@ is not run."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
 from PIL import Image
 
-from families import FAMILY_BUILDERS, family_batch, save_family
+from families import FAMILY_BUILDERS, family_batch, save_family, tiny_family
 from keepsight.baselines import build_baseline
 from keepsight.baselines.opera import OPERA
 from keepsight.cli import main
@@ -21,6 +22,7 @@ from keepsight.inference.support import kinds, support
 from keepsight.models import AUTOREGRESSIVE, arch_info, arch_spec, load_checkpoint
 from keepsight.probes import LogitLens, VisualAttentionProbe
 from keepsight.pvm import PVMConfig, attach_pvm, load_pvm, pvm_parameters, save_pvm
+from keepsight.train.lora_control import lora_targets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -245,3 +247,16 @@ def test_eval_generate_on_a_llava_json_and_the_lmms_eval_model(family, tmp_path)
     lm = KeepsightLMM(pretrained=str(path), device="cpu")
     lm.task_dict = {"t": {"test": [{"image": Image.open(tmp_path / "a.png")}]}}
     assert len(lm.generate_until([Request()])) == 1
+
+
+@pytest.mark.parametrize("kind, lacking", [("qwen3_vl_moe", "layer 0 lacks down_proj, gate_proj, up_proj"),
+                                           ("qwen3_5", "layer 0 lacks k_proj, o_proj, q_proj, v_proj")])
+def test_the_lora_control_names_layers_it_adapts_only_in_part(kind, lacking):
+    """Fused MoE experts and linear-attention layers hold no nn.Linear of the table's names: the control says so."""
+    model, _ = tiny_family(kind)
+    with pytest.warns(UserWarning, match=lacking):
+        assert lora_targets(model, [0, 1])
+    dense, _ = tiny_family("llava_next")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lora_targets(dense, [0, 1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,20 +45,28 @@ def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
 
 def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:
     """Full module names of the attention / FFN projections (the table row's ``lora_targets``) of the given decoder
-    layers."""
+    layers. A layer without some of them as ``nn.Linear`` (a linear-attention layer of a hybrid stack, fused MoE
+    experts) is named in a warning: the control adapts fewer kinds of module there than on a dense layer."""
     info = arch_info(model)
     check_method(model, "lora")
     projections = info.spec.lora_targets
     names = {id(m): n for n, m in model.named_modules()}
-    out = []
+    out, found = [], {}
     for i in layers:
         if not 0 <= i < len(info.layers):
             raise ValueError(f"layer {i} out of range for a model with {len(info.layers)} decoder layers")
+        found[i] = set()
         for sub, mod in info.layers[i].named_modules():
             if isinstance(mod, nn.Linear) and sub.split(".")[-1] in projections:
                 out.append(f"{names[id(info.layers[i])]}.{sub}")
+                found[i].add(sub.split(".")[-1])
     if not out:
         raise ValueError(f"no {projections} linear layers found in decoder layers {layers}")
+    short = {i: sorted(set(projections) - got) for i, got in found.items() if set(projections) - got}
+    if short:
+        warnings.warn("the LoRA control adapts only some of the table's projections here (no nn.Linear of that name "
+                      "in the layer): " + "; ".join(f"layer {i} lacks {', '.join(m)}" for i, m in short.items()),
+                      stacklevel=2)
     return out
 
 
