@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from keepsight.checks import bounds, number, requirement
+from keepsight.checks import bounds, layer_indices, number, requirement
 
 
 def test_returns_python_numbers_of_the_asked_kind():
@@ -49,3 +49,17 @@ def test_words():
     assert bounds() == "" and requirement() == "a finite number"
     assert requirement(0.0, 1.0, open_low=True) == "a finite number in (0.0, 1.0]"
     assert requirement(1, integer=True) == "an integer >= 1"
+
+
+def test_layer_indices_one_rule_and_one_message():
+    assert layer_indices("layers", [2, -1, 0], 4) == [2, 3, 0]  # in the order given; -1 is the last layer
+    with pytest.raises(ValueError, match=r"layers: layer -1 is out of range for a model with 4 decoder layers"):
+        layer_indices("layers", [-1], 4, from_end=False)
+    with pytest.raises(ValueError, match=r"inject_layer: layer 4 is out of range for a model with 4 decoder layers"):
+        layer_indices("inject_layer", [4], 4)
+    with pytest.raises(ValueError, match=r"layers: layer indices repeat: \[1, -3\]"):
+        layer_indices("layers", [1, -3], 4)
+    with pytest.raises(ValueError, match="layers: the list is empty"):
+        layer_indices("layers", [], 4)
+    with pytest.raises(ValueError, match=r"layers must be an integer, got 1.5"):
+        layer_indices("layers", [1.5], 4)

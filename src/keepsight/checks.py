@@ -43,3 +43,22 @@ def number(name: str, value, low=None, high=None, *, integer: bool = False, open
     if below or above:
         raise ValueError(f"{name} must be {bounds(low, high, open_low=open_low, open_high=open_high)}, got {value!r}")
     return out
+
+
+def layer_indices(name: str, layers, n_layers: int, *, from_end: bool = True) -> list[int]:
+    """Decoder-layer indices of the field ``name``, in the order given, each an integer in ``[0, n_layers)``
+    (``from_end``: negative ones count from the end, -1 the last layer); an empty list, a repeat or an index out of
+    range is a ValueError naming the field and the model's depth."""
+    out = []
+    for i in layers:
+        j = number(name, i, integer=True)
+        if from_end and j < 0:
+            j += n_layers
+        if not 0 <= j < n_layers:
+            raise ValueError(f"{name}: layer {i} is out of range for a model with {n_layers} decoder layers")
+        out.append(j)
+    if not out:
+        raise ValueError(f"{name}: the list is empty")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: layer indices repeat: {list(layers)}")
+    return out

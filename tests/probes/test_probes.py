@@ -77,7 +77,7 @@ def test_generation_identical_with_probe_and_memory_is_per_step_scalars(preset, 
 
 def test_probe_errors(processor):
     model = build_model("tiny-llava", processor.tokenizer)
-    with pytest.raises(ValueError, match="layer index 4 out of range for a model with 4 decoder layers"):
+    with pytest.raises(ValueError, match="layers: layer 4 is out of range for a model with 4 decoder layers"):
         VisualAttentionProbe(model, layers=[4])
     enc = processor.tokenizer(["<bos>user : what scene is this ? assistant :"], return_tensors="pt")
     with pytest.raises(ValueError, match="no image tokens"):

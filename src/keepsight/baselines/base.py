@@ -17,22 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..checks import number
 from ..models.arch import arch_info, check_finite, check_method, rope_state_kept, starts_sequence
-
-
-def layer_range(name: str, layers, n_layers: int) -> list[int]:
-    """Layer indices (negative ones count from the end), each checked against ``n_layers``."""
-    out = []
-    for i in layers:
-        j = number(name, i, integer=True)
-        j = j + n_layers if j < 0 else j
-        if not 0 <= j < n_layers:
-            raise ValueError(f"{name}: layer {i} is out of range for a model with {n_layers} decoder layers")
-        out.append(j)
-    if not out:
-        raise ValueError(f"{name}: no layers given")
-    return out
 
 
 @dataclass

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import number
+from ..checks import layer_indices, number
 from ..models.arch import arch_info
-from .base import Baseline, layer_range
+from .base import Baseline
 
 
 @dataclass
@@ -67,7 +67,7 @@ class DeCo(Baseline):
     def _install(self, model, stack) -> None:
         info = arch_info(model)
         n = len(info.layers)
-        self.layers = layer_range("layers", self.config.layers if self.config.layers is not None else
+        self.layers = layer_indices("layers", self.config.layers if self.config.layers is not None else
                                   default_layers(n), n)
         hidden: dict[int, torch.Tensor] = {}
         self._stats.extra["layer_choices"] = {}

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import number
+from ..checks import layer_indices, number
 from ..models.arch import arch_info, starts_sequence
-from .base import Baseline, layer_range
+from .base import Baseline
 
 VARIANTS = ("released", "softmax")
 
@@ -92,8 +92,8 @@ class MemVR(Baseline):
         info = arch_info(model)
         n = len(info.layers)
         cfg = self.config
-        inject = layer_range("inject_layer", [cfg.inject_layer if cfg.inject_layer is not None else n // 2], n)[0]
-        probe = layer_range("probe_layer", [cfg.probe_layer if cfg.probe_layer is not None else inject - 1], n)[0]
+        inject = layer_indices("inject_layer", [cfg.inject_layer if cfg.inject_layer is not None else n // 2], n)[0]
+        probe = layer_indices("probe_layer", [cfg.probe_layer if cfg.probe_layer is not None else inject - 1], n)[0]
         if probe >= inject:
             raise ValueError(f"probe_layer {probe} must come before inject_layer {inject} (the trigger is read first)")
         state: dict = {"ids": None, "memory": None, "fire": None, "after": None}

@@ -37,9 +37,9 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..checks import number
+from ..checks import layer_indices, number
 from ..models.arch import arch_info, rope_state_kept, starts_sequence
-from .base import Baseline, layer_range
+from .base import Baseline
 
 PAI_ATTENTION = "keepsight_pai"
 _ACTIVE: list[PAI] = []
@@ -128,7 +128,7 @@ class PAI(Baseline):
     def _install(self, model, stack) -> None:
         info = arch_info(model)
         n = len(info.layers)
-        self.layers = set(layer_range("layers", self.config.layers if self.config.layers is not None
+        self.layers = set(layer_indices("layers", self.config.layers if self.config.layers is not None
                                       else range(min(2, n - 1), n), n))
         drop = {info.image_token_id, *self.config.drop_token_ids}
         for name in info.spec.image_markers:  # the tokens the row names around each image (Qwen-VL's vision start / end)

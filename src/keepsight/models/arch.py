@@ -12,12 +12,13 @@ A *kind* is transformers' ``model_type`` where that names the architecture, else
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..checks import layer_indices
 
 FAMILIES = ("autoregressive", "diffusion", "text")
 ROPE_KINDS = ("1d", "mrope", "none")
@@ -380,21 +381,8 @@ def check_length(model: nn.Module, n: int, name: str, prompt: int = 0) -> None:
                          f"max_position_embeddings {limit}")
 
 
-def check_layers(layers, n_layers: int) -> list[int]:
-    """Validate layer indices (negative indices count from the end); None means all layers."""
+def check_layers(layers, n_layers: int, name: str = "layers") -> list[int]:
+    """Validated layer indices, sorted (negative indices count from the end); None means all layers."""
     if layers is None:
         return list(range(n_layers))
-    out = []
-    for i in layers:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise ValueError(f"layer indices must be integers, got {i!r}")
-        i = int(i)
-        j = i + n_layers if i < 0 else i
-        if not 0 <= j < n_layers:
-            raise ValueError(f"layer index {i} out of range for a model with {n_layers} decoder layers")
-        out.append(j)
-    if not out:
-        raise ValueError("layers: the list is empty (None means all layers)")
-    if len(set(out)) != len(out):
-        raise ValueError(f"layer indices repeat: {list(layers)}")
-    return sorted(out)
+    return sorted(layer_indices(name, layers, n_layers))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..checks import number
+from ..checks import layer_indices, number
 
 
 def strided_layers(depth: int) -> list[int]:
@@ -95,12 +95,7 @@ class PVMConfig:
     def resolve_layers(self, depth: int) -> list[int]:
         """Concrete, validated layer indices for a decoder of ``depth`` layers."""
         layers = strided_layers(depth) if self.layers == "strided" else list(self.layers)
-        for i in layers:
-            if not 0 <= i < depth:
-                raise ValueError(f"layers: index {i} out of range for a model with {depth} decoder layers")
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"layers: indices repeat: {layers}")
-        return sorted(layers)
+        return sorted(layer_indices("layers", layers, depth, from_end=False))
 
     def resolve_pvm_hidden_size(self, hidden: int, head_dim: int) -> int:
         """The released block's latent width for a backbone of width ``hidden`` and head size ``head_dim``: the

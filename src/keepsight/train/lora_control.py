@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checks import layer_indices
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
@@ -52,9 +53,7 @@ def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:
     projections = info.spec.lora_targets
     names = {id(m): n for n, m in model.named_modules()}
     out, found = [], {}
-    for i in layers:
-        if not 0 <= i < len(info.layers):
-            raise ValueError(f"layer {i} out of range for a model with {len(info.layers)} decoder layers")
+    for i in layer_indices("layers", layers, len(info.layers), from_end=False):
         found[i] = set()
         for sub, mod in info.layers[i].named_modules():
             if isinstance(mod, nn.Linear) and sub.split(".")[-1] in projections:
