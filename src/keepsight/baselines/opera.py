@@ -260,7 +260,7 @@ class _AttentionTap:
     def __init__(self, model):
         info = arch_info(model)
         self.config = info.language_model.config
-        self.attn = info.layers[-1].self_attn
+        self.attn = getattr(info.layers[-1], info.spec.attention)  # the table row's softmax-attention module
         self.probs = None
 
     def __enter__(self):

@@ -22,6 +22,7 @@ import torch
 from ..data import chat_example
 from ..diffusion import generate
 from ..inference import Decoders
+from ..models import decoder_stack
 from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_llada_v
@@ -40,7 +41,7 @@ def _model_flops(model, positions: int, keys: int) -> float:
     """Forward FLOPs of the language model for ``positions`` query positions over ``keys`` keys: 2 per weight per
     position in the decoder's matmuls, plus the attention scores and the weighted sum (4 * d per query-key)."""
     text = model.config.text_config
-    lm = model.model.language_model
+    lm = decoder_stack(model)  # the text decoder, found through the architecture table
     weights = sum(p.numel() for n, p in lm.named_parameters() if "embed" not in n and p.dim() == 2)
     head = model.lm_head.weight.numel()
     return 2.0 * positions * (weights + head) + 4.0 * positions * keys * text.hidden_size * text.num_hidden_layers
