@@ -126,7 +126,7 @@ class KeepsightLMM(Pipeline):
             settings = baseline_settings(baseline_args, baseline_flat)
             baseline = as_str("baseline", baseline)
         elif baseline_args is not None or baseline_flat:
-            raise ValueError("baseline settings given without baseline=vcd|pai|memvr|deco|opera")
+            raise ValueError(f"baseline settings given without baseline={'|'.join(method_names('decode', 'autoregressive'))}")
         self._rank, self._world_size = process_rank()
         self.task_dict = getattr(self, "task_dict", None) or {}
         Pipeline.__init__(
