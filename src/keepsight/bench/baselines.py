@@ -63,7 +63,8 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
 
         _generate(model, enc, kw)  # warm-up
         for name, (settings, design, extra) in METHODS.items():
-            method = Decoders([(name.split(" ")[0], settings)], family="autoregressive")
+            method_name = name.split(" ")[0]  # "pai (attention only)" -> pai
+            method = Decoders([(method_name, settings)], family="autoregressive")
             k_arm = {**kw, **extra}
             _generate(model, enc, k_arm, method)
             ta, tb = [], []
@@ -74,7 +75,7 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pa
             rows.append({"size": size, "method": name, "ratio": ratio, "design": design,
                          "ms_per_token_plain": 1000 * statistics.median(ta) / new_tokens,
                          "ms_per_token": 1000 * statistics.median(tb) / new_tokens,
-                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()[name.split(" ")[0]]})
+                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()[method_name]})
     print(f"{'size':<6}{'method':<22}{'ms/token plain':>15}{'ms/token':>10}{'ratio':>8}{'design':>8}")
     for r in rows:
         print(f"{r['size']:<6}{r['method']:<22}{r['ms_per_token_plain']:>15.2f}{r['ms_per_token']:>10.2f}"

@@ -75,7 +75,7 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
     P = enc["input_ids"].shape[1]
     # MPS and MRS at the papers' settings (MPSConfig / MRSConfig), from the method registry
     mps_mrs = Decoders([("mps", {}), ("mrs", {})], family="diffusion").prepare(model, processor.tokenizer)
-    mps = mps_mrs.items[0][1]
+    mps = mps_mrs.get("mps")
 
     def sample(steps: int, fixes: bool, **kw):
         def go():

@@ -34,10 +34,14 @@ def add_method_options(parser, families: tuple[str, ...]) -> None:
                                note=f"{entry.config.__name__}; any of these turns on {turns_on}")
 
 
-def _merged(name: str, json_option: str, text: str | None, args) -> dict:
+def _dotted(args, name: str) -> dict:
+    """The ``--<name>.FIELD`` options of method ``name`` the user gave."""
+    return given_settings(args, name, get_method(name).config)
+
+
+def _merged(name: str, json_option: str, text: str | None, dotted: dict) -> dict:
     """The settings of method ``name``: its JSON object merged with its dotted options (no field given twice)."""
     from_json = json_settings(json_option, text)
-    dotted = given_settings(args, name, get_method(name).config)
     twice = sorted(set(from_json) & set(dotted))
     if twice:
         raise ValueError(f"{option_names(name, {k: None for k in twice})} given both as an option and in "
@@ -48,29 +52,27 @@ def _merged(name: str, json_option: str, text: str | None, args) -> dict:
 def baseline_choice(args) -> tuple[str | None, dict | None]:
     """``(baseline name or None, its settings or None)`` from ``--baseline``, ``--baseline-args`` and the
     ``--<baseline>.FIELD`` options; settings of another baseline than the chosen one are an error."""
-    dotted = [n for n in method_names("decode", "autoregressive")
-              if given_settings(args, n, get_method(n).config)]
+    given = {n: d for n in method_names("decode", "autoregressive") if (d := _dotted(args, n))}
     name = args.baseline
-    if name is None and len(dotted) > 1:
-        raise ValueError(f"settings of {len(dotted)} baselines given ({', '.join(dotted)}); one baseline at a time")
-    if name is None and dotted:
-        name = dotted[0]
-    others = [n for n in dotted if n != name]
+    if name is None and len(given) > 1:
+        raise ValueError(f"settings of {len(given)} baselines given ({', '.join(given)}); one baseline at a time")
+    if name is None and given:
+        name = next(iter(given))
+    others = [n for n in given if n != name]
     if others:
-        given = option_names(others[0], given_settings(args, others[0], get_method(others[0]).config))
-        raise ValueError(f"{given} set {others[0]}, but --baseline is {name}; one baseline at a time")
+        raise ValueError(f"{option_names(others[0], given[others[0]])} set {others[0]}, but --baseline is {name}; "
+                         "one baseline at a time")
     if name is None:
         if args.baseline_args:
             raise ValueError("--baseline-args needs --baseline")
         return None, None
-    return name, _merged(name, "--baseline-args", args.baseline_args, args)
+    return name, _merged(name, "--baseline-args", args.baseline_args, given.get(name, {}))
 
 
 def switched_settings(args, name: str) -> dict | None:
     """``--mps`` / ``--mrs``: None when neither the switch nor a ``--<name>.FIELD`` option is given, else the
     settings (``{}``: the released defaults)."""
-    text = getattr(args, name)
-    dotted = given_settings(args, name, get_method(name).config)
+    text, dotted = getattr(args, name), _dotted(args, name)
     if text is None and not dotted:
         return None
-    return _merged(name, f"--{name}", text, args)
+    return _merged(name, f"--{name}", text, dotted)

@@ -144,7 +144,7 @@ def run_eval(args) -> int:
         res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
                "descriptions": evaluate_descriptions(model, processor, samples)}
     if method is not None:
-        obj = method.items[0][1]
+        obj = method.get(baseline)
         res["baseline"] = {"name": baseline, "config": dataclasses.asdict(obj.config), "stats": obj.stats()}
         print(f"{baseline}: {obj.stats()}")
     for c, v in yn["categories"].items():

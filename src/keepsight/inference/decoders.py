@@ -55,11 +55,15 @@ class Decoders:
         """``{method name: its stats()}`` for the methods that report them, after the last batch."""
         return {entry.name: obj.stats() for entry, obj in self.items if hasattr(obj, "stats")}
 
+    def get(self, name: str):
+        """The method object registered as ``name`` (a KeyError naming the ones held when there is none)."""
+        for entry, obj in self.items:
+            if entry.name == name:
+                return obj
+        raise KeyError(f"no decoding method {name!r} here; held: {self.names()}")
+
     def names(self) -> list[str]:
         return [entry.name for entry, _ in self.items]
 
     def __len__(self) -> int:
         return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)

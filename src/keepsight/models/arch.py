@@ -381,8 +381,8 @@ def check_length(model: nn.Module, n: int, name: str, prompt: int = 0) -> None:
                          f"max_position_embeddings {limit}")
 
 
-def check_layers(layers, n_layers: int, name: str = "layers") -> list[int]:
+def check_layers(layers, n_layers: int) -> list[int]:
     """Validated layer indices, sorted (negative indices count from the end); None means all layers."""
     if layers is None:
         return list(range(n_layers))
-    return sorted(layer_indices(name, layers, n_layers))
+    return sorted(layer_indices("layers", layers, n_layers))

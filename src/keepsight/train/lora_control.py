@@ -56,12 +56,13 @@ def lora_targets(model: nn.Module, layers: list[int]) -> list[str]:
     for i in layer_indices("layers", layers, len(info.layers), from_end=False):
         found[i] = set()
         for sub, mod in info.layers[i].named_modules():
-            if isinstance(mod, nn.Linear) and sub.split(".")[-1] in projections:
+            leaf = sub.split(".")[-1]
+            if isinstance(mod, nn.Linear) and leaf in projections:
                 out.append(f"{names[id(info.layers[i])]}.{sub}")
-                found[i].add(sub.split(".")[-1])
+                found[i].add(leaf)
     if not out:
         raise ValueError(f"no {projections} linear layers found in decoder layers {layers}")
-    short = {i: sorted(set(projections) - got) for i, got in found.items() if set(projections) - got}
+    short = {i: sorted(missing) for i, got in found.items() if (missing := set(projections) - got)}
     if short:
         warnings.warn("the LoRA control adapts only some of the table's projections here (no nn.Linear of that name "
                       "in the layer): " + "; ".join(f"layer {i} lacks {', '.join(m)}" for i, m in short.items()),
