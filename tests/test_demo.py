@@ -44,9 +44,15 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert {(r["steps"], r["method"]) for r in diff["grid"]} == {(4, m) for m in ("none", "mps", "mrs", "both", "ntk",
                                                                                    "yarn")}
     assert len(diff["prior_cosine"]["none"]) == 4 and "Diffusion: methods x steps" in html
+    # PVM's mechanism control: the arms scored with the image withheld, each with its interval, and a verdict
+    control = saved["control"]
+    assert list(control["arms"]) == ["base_with_image", "base", "pvm_sft", "lora"]
+    assert control["arms"]["base_with_image"]["all"]["acc"] == base["yes_no"]["overall_acc"]
+    assert all(v["low"] <= v["acc"] <= v["high"] for arm in control["arms"].values() for v in arm.values())
+    assert set(control["verdict"]) == {"pvm_sft", "lora"} and "PVM mechanism control" in html
     # second run (base only): the model is reused from the cache (keyed by config + data), only evaluation runs
     monkeypatch.setitem(PROFILES, "smoke-base", dataclasses.replace(PROFILES["smoke"], name="smoke-base", pvm=None,
-                                                                     bridge=None, diffusion=None))
+                                                                     bridge=None, diffusion=None, control=None))
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     again = run_demo("smoke-base", runs_dir=tmp_path)
     assert "reusing cached base model" in capsys.readouterr().out

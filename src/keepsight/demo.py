@@ -28,6 +28,7 @@ from .experiments.baselines import BEAM_ARMS, BaselinesExperiment, run_baselines
 from .experiments.bridge import BridgeExperiment, run_bridge_experiment
 from .experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
 from .experiments.pvm import PVMExperiment, run_pvm_experiment
+from .experiments.pvm_control import PVMControl, run_pvm_control
 from .fingerprint import digest
 from .models import load_checkpoint
 from .pvm import PVMConfig
@@ -36,6 +37,7 @@ from .report.baselines import baselines_markdown, baselines_report
 from .report.bridge import bridge_markdown, bridge_report
 from .report.claims import claims_markdown, claims_section, claims_table
 from .report.compare import moved_numbers
+from .report.control import control_markdown, control_sections
 from .report.diffusion import diffusion_markdown, diffusion_report
 from .report.html import write_report
 from .report.plots import plot_accuracy_by_index, plot_diagnosis
@@ -73,6 +75,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "bridge": Experiment(run_bridge_experiment, bridge_report, bridge_markdown),
     "diffusion": Experiment(run_diffusion_experiment, diffusion_report, diffusion_markdown),
     "baselines": Experiment(run_baselines_experiment, baselines_report, baselines_markdown),
+    "control": Experiment(run_pvm_control, control_sections, control_markdown),
 }
 
 
@@ -100,6 +103,7 @@ class DemoProfile:
     bridge: BridgeExperiment | None = None  # the LIA-MTR vs MLP arms (None: skip)
     diffusion: DiffusionExperiment | None = None  # the masked-diffusion VLM with MPS / MRS (None: skip)
     baselines: BaselinesExperiment | None = None  # VCD / PAI / MemVR / DeCo beside PVM (None: skip)
+    control: PVMControl | None = None  # PVM's mechanism control: the image only in PVM's memory (None: skip)
 
 
 PROFILES = {
@@ -122,6 +126,7 @@ PROFILES = {
                                       beam_arms={"opera": BEAM_ARMS["opera"]}, beam_scenes=2,
                                       pvm=PVMExperiment(sft=PVMTrainConfig(steps=8, save_every=1000)),
                                       timing_scenes=2, timing_repeats=1),
+        control=PVMControl(sft=PVMTrainConfig(steps=8, save_every=1000), lora=LoRATrainConfig(steps=8, save_every=1000)),
     ),
     # the default (`keepsight demo`, about 30 minutes on 2 cores): the base, its dilution diagnosis and
     # multi-turn regime, the PVM arms (with the LoRA control and full fine-tuning), the diffusion methods
@@ -166,6 +171,10 @@ PROFILES = {
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
     "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                              baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT))),
+    # `--profile control`: PVM's mechanism control on the seed-0 base (shared with the other profiles): PVM stage 1 and
+    # the matched LoRA trained with the image withheld from the language model, scored the same way
+    "control": DemoProfile(name="control", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+                           control=PVMControl(pvm=PVM_BLOCK, sft=PVM_SFT)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(

@@ -62,6 +62,30 @@ def test_chat_task_in_the_instruct_mix(samples):
     assert chats[0].messages[0]["content"][0] == {"type": "image"}  # the image comes with the first question
 
 
+def test_chat_image_task_shows_the_image_again_before_one_later_question(samples, processor):
+    data = VLMDataset(samples, ("chat", "chat_image"), seed=0, max_turns=6)
+    plain = [i for i in data.chats if data.category(i) == "chat"]
+    again = [i for i in data.chats if data.category(i) == "chat_image"]
+    assert len(plain) == len(again) == len(samples) and not set(plain) & set(data.reinsert)
+    for i in again:
+        sample, at = data[i], data.reinsert[i]
+        users = [m for m in sample.messages if m["role"] == "user"]
+        assert 1 <= at < len(users) and len(sample.images) == 2
+        assert [any(p == {"type": "image"} for p in u["content"]) for u in users] == [
+            j in (0, at) for j in range(len(users))]
+        batch = VLMCollator(processor)([sample])  # the processor expands both images
+        assert int((batch["input_ids"] == processor.tokenizer.image_token_id).sum()) == 2 * 17
+    turns = data.chats[again[0]]
+    oracle = chat_sample(turns, samples.images[0], answer_last=False, reinsert_image=True)
+    assert oracle.messages == chat_sample(turns, samples.images[0], answer_last=False,
+                                          reinsert_at=len(turns) - 1).messages
+    assert chat_sample(turns[:1], samples.images[0], reinsert_image=True).images == [samples.images[0]]
+    with pytest.raises(ValueError, match="reinsert_at must be in"):
+        chat_sample(turns, samples.images[0], reinsert_at=0)
+    with pytest.raises(ValueError, match="not both"):
+        chat_sample(turns, samples.images[0], reinsert_image=True, reinsert_at=1)
+
+
 def test_count_task_adds_four_count_items_per_scene_and_leaves_other_mixes_alone(samples):
     plain = VLMDataset(samples, ("yes_no", "open"), seed=0)
     data = VLMDataset(samples, ("yes_no", "open", "count_yes_no"), seed=0)

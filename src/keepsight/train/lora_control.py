@@ -23,6 +23,7 @@ from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import arch_info, load_checkpoint
 from ..models.arch import check_method, signature, signature_mismatch
 from ..models.weights import check_weights
+from ..models.withhold import withhold_image
 from ..pvm import PVMConfig, build_block
 from .recipe import Recipe, publish_directory, run_recipe
 from .trainer import TrainOptions
@@ -35,6 +36,14 @@ class LoRATrainConfig(TrainOptions):
     steps: int = 600  # the same budget as PVM stage 1
     lr: float = 1e-3
     batch_size: int = 16
+    # PVM's mechanism control: the image's tokens masked out of the language model's attention while training
+    # (keepsight.models.withhold); a LoRA has no other way to the image
+    withhold_image: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.withhold_image, bool):
+            raise ValueError(f"withhold_image must be true or false, got {self.withhold_image!r}")
 
 
 def pvm_parameter_count(model: nn.Module, config: PVMConfig) -> int:
@@ -103,6 +112,8 @@ class LoRARecipe(Recipe):
         self.target_params = pvm_parameter_count(model, self.pvm_config)
         targets = lora_targets(model, self.layers)
         self.rank, self.n_params = matched_rank(model, targets, self.target_params)
+        if self.options.withhold_image:
+            withhold_image(model)
         torch.manual_seed(self.options.seed)
         lora = LoraConfig(r=self.rank, lora_alpha=2 * self.rank, lora_dropout=0.0, target_modules=targets, bias="none")
         model = get_peft_model(model, lora)

@@ -20,6 +20,7 @@ from ..checks import number
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
 from ..models import load_checkpoint
+from ..models.withhold import withhold_image
 from ..pvm import PVMConfig, attach_pvm, gate_report, save_pvm
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
@@ -36,10 +37,15 @@ class PVMTrainConfig(TrainOptions):
     lr: float = 1e-3  # projections
     gate_lr: float = 1e-2  # the gate (our recipe: 10x)
     batch_size: int = 16
+    # the mechanism control: the image's tokens masked out of the language model's attention while training
+    # (keepsight.models.withhold), so that the image reaches the model only through PVM's memory
+    withhold_image: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.gate_lr = number("gate_lr", self.gate_lr, 0.0, open_low=True)
+        if not isinstance(self.withhold_image, bool):
+            raise ValueError(f"withhold_image must be true or false, got {self.withhold_image!r}")
 
     @classmethod
     def released(cls, **overrides) -> PVMTrainConfig:
@@ -102,6 +108,8 @@ class PVMSFTRecipe(Recipe):
         model, processor = load_checkpoint(self.model_dir, dtype=None, device="cpu", expect="autoregressive")
         torch.manual_seed(self.options.seed)
         attach_pvm(model, self.pvm_config)
+        if self.options.withhold_image:
+            withhold_image(model)
         return model, processor
 
     def trainable(self, name: str) -> bool:

@@ -143,13 +143,16 @@ class VLMDataset(torch.utils.data.Dataset):
     "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories drawn per scene),
     "open" (one), "cells" (four "what is at b3 ?" grounding questions), "chat" (one conversation of 2 ..
     ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``),
+    "chat_image" (a "chat" whose image is shown again just before one later question, drawn uniformly: the format
+    of the history regime's oracle, so that a second look at the image is something the model was trained on),
     "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
     "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
     ``texts.count_questions``).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
-    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no")
+    TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
+             "chat_image")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
@@ -162,6 +165,7 @@ class VLMDataset(torch.utils.data.Dataset):
         self.samples = samples
         self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
         self.chats: dict[int, list[dict]] = {}  # item index -> its conversation's turns ("chat" items)
+        self.reinsert: dict[int, int] = {}  # item index -> the turn before which the image is shown again
         self.categories: list[str] = []  # per item: its task, or the yes/no question's category
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
@@ -190,6 +194,12 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.chats[len(self.items)] = turns
                 self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
                 self.categories.append("chat")
+            if "chat_image" in mix:
+                turns = conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1)))
+                self.reinsert[len(self.items)] = int(rng.integers(1, len(turns)))
+                self.chats[len(self.items)] = turns
+                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
+                self.categories.append("chat_image")
             if "count_yes_no" in mix:
                 qs = count_questions(s, samples.config)
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
@@ -214,25 +224,31 @@ class VLMDataset(torch.utils.data.Dataset):
         k, prompt, answer = self.items[i]
         image, scene_id = self.samples.images[k], self.samples.scenes[k].id
         if i in self.chats:
-            return chat_sample(self.chats[i], image, scene_id)
+            return chat_sample(self.chats[i], image, scene_id, reinsert_at=self.reinsert.get(i))
         return Sample.single_turn(prompt, answer, image, id=scene_id)
 
 
 def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_last: bool = True,
-                reinsert_image: bool = False) -> Sample:
+                reinsert_image: bool = False, reinsert_at: int | None = None) -> Sample:
     """A conversation about one image: the image with the first question, then the turns in order. With
     ``answer_last=False`` the last question is left for the model (a generation prompt); ``reinsert_image``: the
-    image again, just before the last question (the history regime's oracle: the image as close as it can be)."""
+    image again, just before the last question (the history regime's oracle: the image as close as it can be);
+    ``reinsert_at``: the image again just before question ``reinsert_at`` (1 .. len(turns) - 1) instead."""
+    if reinsert_image and reinsert_at is not None:
+        raise ValueError("give reinsert_image or reinsert_at, not both")
+    at = (len(turns) - 1 or None) if reinsert_image else reinsert_at  # one turn: the image is already just before it
+    if at is not None and not 1 <= at < len(turns):
+        raise ValueError(f"reinsert_at must be in [1, {len(turns) - 1}] for {len(turns)} turns, got {at}")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turns[0]["question"]}]}]
     for j, t in enumerate(turns):
         if j:
             parts = [{"type": "text", "text": t["question"]}]
-            if reinsert_image and j == len(turns) - 1:
+            if j == at:
                 parts.insert(0, {"type": "image"})
             messages.append({"role": "user", "content": parts})
         if answer_last or j < len(turns) - 1:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": t["answer"]}]})
-    images = [image, image] if reinsert_image and len(turns) > 1 else [image]
+    images = [image, image] if at is not None else [image]
     return Sample(messages, images, scene_id)
 
 

@@ -1,0 +1,44 @@
+"""Report pieces for PVM's mechanism control (the image withheld from the language model): HTML sections and the
+Markdown summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .html import table
+
+LABELS = {"base_with_image": "base, image seen", "base": "base, image withheld (text-only level)",
+          "pvm_sft": "+ PVM stage 1, image withheld", "lora": "+ LoRA (matched), image withheld"}
+
+
+def _rows(res: dict) -> tuple[list[str], list[list[str]]]:
+    arms = list(res["arms"])
+    cats = list(res["arms"][arms[0]])
+    rows = [[LABELS.get(a, a)] + [f"{v['acc']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+                                  for v in (res["arms"][a][c] for c in cats)] for a in arms]
+    return ["arm"] + cats, rows
+
+
+def _verdict(res: dict) -> str:
+    parts = []
+    for arm, v in res["verdict"].items():
+        word = "above" if v["above_text_only"] else "not above"
+        parts.append(f"{LABELS[arm]}: {v['gain']:+.3f} against the text-only level, {word} it (95% intervals)")
+    return "; ".join(parts) + "."
+
+
+def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, str]]:
+    header, rows = _rows(res)
+    intro = ("<p>The image's tokens masked out of the language model's attention; its embeddings stay in PVM's "
+             "visual memory. PVM must lift held-out yes/no above the base's text-only level, the LoRA must not. "
+             "Accuracy with 95% Wilson intervals.</p>")
+    return [("PVM mechanism control: the image only in PVM's memory",
+             intro + table(header, rows) + f"<p>{_verdict(res)}</p>")]
+
+
+def control_markdown(res: dict) -> str:
+    header, rows = _rows(res)
+    lines = ["", "PVM mechanism control (the image withheld from the language model, held-out yes/no, 95% intervals):",
+             "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines + ["", _verdict(res)])
