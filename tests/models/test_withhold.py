@@ -3,7 +3,7 @@ the image, cached decoding agrees with it, PVM's memory still reads the image, a
 
 import pytest
 import torch
-from test_probes import PRESETS, PROMPTS, tiny_inputs
+from test_probes import PRESETS, PROMPTS, assert_cached_scores_match_full, tiny_inputs
 
 from keepsight.models.withhold import image_withheld, restore_image, withhold_image
 from keepsight.pvm import PVMConfig, attach_pvm
@@ -39,16 +39,7 @@ def test_withheld_cached_generation_equals_full_forward(preset, processor):
     inputs = tiny_inputs(preset, processor, [PROMPTS[1]] * 2)
     withhold_image(model)
     out = model.generate(**inputs, max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
-    full = dict(inputs)
-    full["input_ids"] = out.sequences[:, :-1]
-    full["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones(2, 3, dtype=torch.long)], 1)
-    if "mm_token_type_ids" in full:
-        full["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(2, 3, dtype=torch.long)], 1)
-    with torch.no_grad():
-        logits = model(**full).logits
-    n = inputs["input_ids"].shape[1]
-    for step, scores in enumerate(out.scores):
-        torch.testing.assert_close(scores, logits[:, n - 1 + step], atol=1e-5, rtol=1e-5)
+    assert_cached_scores_match_full(model, inputs, out)
     restore_image(model)
     with pytest.raises(ValueError, match="not withheld"):
         restore_image(model)

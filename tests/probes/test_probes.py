@@ -36,6 +36,22 @@ def tiny_inputs(preset, processor, prompts):
 PROMPTS = [DESCRIBE_PROMPT, "is there a red circle at b3 ?", "what scene is this ?"]
 
 
+def assert_cached_scores_match_full(model, inputs: dict, out) -> None:
+    """Each step's scores of a cached ``generate`` (``out``, no padding in ``inputs``) equal one uncached forward
+    over the generated sequence."""
+    b, new = out.sequences.shape[0], len(out.scores) - 1
+    full = dict(inputs)
+    full["input_ids"] = out.sequences[:, :-1]
+    full["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones(b, new, dtype=torch.long)], 1)
+    if "mm_token_type_ids" in full:
+        full["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(b, new, dtype=torch.long)], 1)
+    with torch.no_grad():
+        logits = model(**full).logits  # [B, T, V]
+    n = inputs["input_ids"].shape[1]
+    for step, scores in enumerate(out.scores):
+        torch.testing.assert_close(scores, logits[:, n - 1 + step], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_probe_matches_eager_attentions_on_a_left_padded_batch(preset, processor):
     model = build_model(preset, processor.tokenizer)

@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from test_probes import PRESETS, PROMPTS, tiny_inputs
+from test_probes import PRESETS, PROMPTS, assert_cached_scores_match_full, tiny_inputs
 from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from keepsight.data import chat_example
@@ -173,16 +173,7 @@ def test_cached_generation_equals_full_forward_and_memory_lives_with_the_cache(p
                          return_dict_in_generate=True)
     memory = pvm_memory(out.past_key_values)
     assert memory is not None and set(memory.projected) == {"0", "2"}  # V and its projections: with the cache
-    full = dict(inputs)
-    full["input_ids"] = out.sequences[:, :-1]
-    full["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones(3, 4, dtype=torch.long)], 1)
-    if "mm_token_type_ids" in full:
-        full["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(3, 4, dtype=torch.long)], 1)
-    with torch.no_grad():
-        logits = model(**full).logits
-    n = inputs["input_ids"].shape[1]
-    for step, scores in enumerate(out.scores):
-        torch.testing.assert_close(scores, logits[:, n - 1 + step], atol=1e-5, rtol=1e-5)
+    assert_cached_scores_match_full(model, inputs, out)
 
 
 def test_interleaved_generations_keep_their_own_memory(processor):
