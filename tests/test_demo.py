@@ -50,6 +50,8 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert control["arms"]["base_with_image"]["all"]["acc"] == base["yes_no"]["overall_acc"]
     assert all(v["low"] <= v["acc"] <= v["high"] for arm in control["arms"].values() for v in arm.values())
     assert set(control["verdict"]) == {"pvm_sft", "lora"} and "PVM mechanism control" in html
+    assert list(control["open"]) == list(control["arms"])  # the open-answer lens, the same arms
+    assert {k: v["acc"] for k, v in control["open"]["base_with_image"].items()} == base["open"]
     # second run (base only): the model is reused from the cache (keyed by config + data), only evaluation runs
     monkeypatch.setitem(PROFILES, "smoke-base", dataclasses.replace(PROFILES["smoke"], name="smoke-base", pvm=None,
                                                                      bridge=None, diffusion=None, control=None))

@@ -1,11 +1,12 @@
 """PVM's mechanism control: the image withheld from the language model's sequence (``keepsight.models.withhold``), its
 embeddings left only in PVM's visual memory.
 
-Three arms answer the held-out yes/no questions with the image withheld: the base (its text-only level: what the
+Three arms answer the held-out yes/no and short open questions with the image withheld: the base (its text-only level: what the
 question and the world's priors give), PVM stage 1 trained with the image withheld, and the parameter-matched LoRA
 trained the same way (it has no path to the image). If PVM's block can read the image, its arm rises above the base's
 text-only level (Wilson intervals apart) and the LoRA's does not; if it cannot, the block or its training is broken.
-The base with the image is shown beside them as the ceiling.
+The base with the image is shown beside them as the ceiling. Open answers (exact match, one question of each kind
+per scene) are the second lens: they show whether the memory is read even where the yes/no answer does not move.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..models.withhold import image_withheld
 from ..pvm import PVMConfig, load_pvm
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
-from ..world.evaluate import evaluate_yes_no
+from ..world.evaluate import evaluate_open, evaluate_yes_no
 from ..world.tasks import instruct_data
 from .arm import ExperimentContext
 
@@ -38,15 +39,22 @@ class PVMControl:
         return {"pvm": self.pvm.to_dict(), "sft": dataclasses.asdict(self.sft), "lora": dataclasses.asdict(self.lora)}
 
 
-def _scores(yes_no: dict) -> dict:
-    """Overall and per-category accuracy with 95% Wilson intervals."""
-    def row(acc: float, n: int) -> dict:
-        low, high = wilson(round(acc * n), n)
-        return {"acc": acc, "low": low, "high": high, "n": n}
+def _rate(acc: float, n: int) -> dict:
+    """An accuracy over ``n`` items with its 95% Wilson interval."""
+    low, high = wilson(round(acc * n), n)
+    return {"acc": acc, "low": low, "high": high, "n": n}
 
+
+def _scores(yes_no: dict) -> dict:
+    """Overall and per-category yes/no accuracy with 95% Wilson intervals."""
     cats = yes_no["categories"]
     n = sum(v["n"] for v in cats.values())
-    return {"all": row(yes_no["overall_acc"], n), **{c: row(v["acc"], v["n"]) for c, v in sorted(cats.items())}}
+    return {"all": _rate(yes_no["overall_acc"], n), **{c: _rate(v["acc"], v["n"]) for c, v in sorted(cats.items())}}
+
+
+def _open_scores(open_acc: dict, n: int) -> dict:
+    """Open-answer accuracy per kind (one question of each kind per scene: ``n`` scenes) with 95% Wilson intervals."""
+    return {kind: _rate(acc, n) for kind, acc in sorted(open_acc.items())}
 
 
 def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
@@ -66,7 +74,9 @@ def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
     sft = train_pvm_sft(model_dir, data(sft_cfg.seed), sft_dir, exp.pvm, sft_cfg, progress=False)
     log(f"PVM control: the LoRA with the image withheld ({lora_cfg.steps} steps) -> {lora_dir}")
     train_lora_control(model_dir, data(lora_cfg.seed), lora_dir, exp.pvm, lora_cfg, progress=False)
+    n = len(ctx.sets.eval)
     arms = {"base_with_image": _scores(ctx.base["yes_no"])}
+    open_arms = {"base_with_image": _open_scores(ctx.base["open"], n)}
     attach = {"base": lambda m: m, "pvm_sft": lambda m: load_pvm(m, sft_dir), "lora": lambda m: apply_lora(m, lora_dir)}
     for arm, put in attach.items():
         model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
@@ -74,8 +84,9 @@ def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
         log(f"PVM control: arm {arm}, the image withheld")
         with image_withheld(model):
             arms[arm] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval)[0])
+            open_arms[arm] = _open_scores(evaluate_open(model, processor, ctx.sets.eval), n)
     text_only = arms["base"]["all"]
     verdict = {arm: {"above_text_only": arms[arm]["all"]["low"] > text_only["high"],
                      "gain": arms[arm]["all"]["acc"] - text_only["acc"]} for arm in ("pvm_sft", "lora")}
     return {"config": exp.to_dict(), "adapters": {"pvm_sft": str(sft_dir), "lora": str(lora_dir)},
-            "gates": sft.get("after") if sft else None, "arms": arms, "verdict": verdict}
+            "gates": sft.get("after") if sft else None, "arms": arms, "open": open_arms, "verdict": verdict}

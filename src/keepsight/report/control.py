@@ -11,12 +11,18 @@ LABELS = {"base_with_image": "base, image seen", "base": "base, image withheld (
           "pvm_sft": "+ PVM stage 1, image withheld", "lora": "+ LoRA (matched), image withheld"}
 
 
-def _rows(res: dict) -> tuple[list[str], list[list[str]]]:
-    arms = list(res["arms"])
-    cats = list(res["arms"][arms[0]])
+def _rows(scores: dict) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of one lens: ``scores`` is arm -> column -> {acc, low, high}."""
+    arms = list(scores)
+    cols = list(scores[arms[0]])
     rows = [[LABELS.get(a, a)] + [f"{v['acc']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
-                                  for v in (res["arms"][a][c] for c in cats)] for a in arms]
-    return ["arm"] + cats, rows
+                                  for v in (scores[a][c] for c in cols)] for a in arms]
+    return ["arm"] + cols, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _verdict(res: dict) -> str:
@@ -28,17 +34,16 @@ def _verdict(res: dict) -> str:
 
 
 def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, str]]:
-    header, rows = _rows(res)
     intro = ("<p>The image's tokens masked out of the language model's attention; its embeddings stay in PVM's "
              "visual memory. PVM must lift held-out yes/no above the base's text-only level, the LoRA must not. "
-             "Accuracy with 95% Wilson intervals.</p>")
+             "Accuracy with 95% Wilson intervals; open answers (exact match) beside them.</p>")
     return [("PVM mechanism control: the image only in PVM's memory",
-             intro + table(header, rows) + f"<p>{_verdict(res)}</p>")]
+             intro + table(*_rows(res["arms"])) + f"<p>{_verdict(res)}</p>" + "<p>Open answers:</p>"
+             + table(*_rows(res["open"])))]
 
 
 def control_markdown(res: dict) -> str:
-    header, rows = _rows(res)
     lines = ["", "PVM mechanism control (the image withheld from the language model, held-out yes/no, 95% intervals):",
-             "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines + ["", _verdict(res)])
+             "", *_md_table(*_rows(res["arms"])), "", _verdict(res), "",
+             "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"]))]
+    return "\n".join(lines)
