@@ -1,5 +1,6 @@
-"""Write ``determinism_pins.json``: the weight hashes of the reduced base recipe's stages on this machine, with the
-environment they hold for. Run ``python tests/determinism_pins.py`` and say why in the commit."""
+"""Write this CPU kind's entry of ``determinism_pins.json``: the weight hashes of the reduced base recipe's stages on
+this machine, with the environment they hold for (other kinds' entries are kept). Run
+``python tests/determinism_pins.py`` on each CPU kind and say why in the commit."""
 
 import json
 import sys
@@ -18,5 +19,7 @@ if __name__ == "__main__":
     samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 48, seed=0))
     with tempfile.TemporaryDirectory() as tmp, configured(DEFAULT_THREADS) as env:
         hashes = stage_hashes(Path(tmp) / "base", samples)
-    PINS.write_text(json.dumps({"environment": _pinned_environment(env), "stages": hashes}, indent=2) + "\n")
+    pins = json.loads(PINS.read_text()) if PINS.is_file() else {}
+    pins[env["cpu_capability"]] = {"environment": _pinned_environment(env), "stages": hashes}
+    PINS.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
     print(f"wrote {PINS}: {hashes}")

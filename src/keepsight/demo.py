@@ -220,9 +220,9 @@ def _run_seed(profile: DemoProfile, seed: int, runs_dir: Path, retrain: bool, se
     if (model_dir / "config.json").is_file():
         log(f"reusing cached base model {model_dir}")
         stages = {s: json.loads((model_dir / "stages" / s / "keepsight_stage.json").read_text())
-                  for s in ("lm", "vision", "align", "instruct")}
+                  for s in train_cfg.stages}
     else:
-        log(f"training the base model (seed {seed}) in 4 stages -> {model_dir}")
+        log(f"training the base model (seed {seed}) in {len(train_cfg.stages)} stages -> {model_dir}")
         stages = train_base(model_dir, train_cfg, scenes())
     timings["train_s"] = time.time() - t0
     t1 = time.time()

@@ -42,6 +42,10 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # oneDNN (convolutions, the exact GELU) picks its kernels by the CPU itself, not by torch's capability: its
+        # cap (ONEDNN_MAX_CPU_ISA) and whether torch calls it at all change the bits as the CPU kind does
+        "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
+        "mkldnn": torch.backends.mkldnn.enabled,
         "threads": torch.get_num_threads(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,

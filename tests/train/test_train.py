@@ -121,6 +121,49 @@ def test_staged_build_trains_and_loads(samples, processor, tmp_path):
     assert info["stage"] == "instruct" and info["log_history"]
 
 
+def test_a_ground_stage_sits_between_align_and_instruct(samples, tmp_path):
+    from transformers import LlavaForConditionalGeneration
+
+    plain = tiny_train_config()
+    assert plain.stages == ("lm", "vision", "align", "instruct") and plain.requires("instruct") == ("align",)
+    with pytest.raises(ValueError, match="no ground stage"):
+        train_stage("ground", tmp_path / "plain", plain, samples, progress=False)
+    tc = tiny_train_config(ground=StageConfig(4, 1e-3, 4), instruct=StageConfig(2, 1e-3, 4), count_head=True)
+    assert tc.stages == STAGES and tc.requires("instruct") == ("ground",)
+    assert TrainConfig(**json.loads(json.dumps(tc.to_dict()))) == tc  # train_config.json round trip
+    train_base(tmp_path, tc, samples, stages=STAGES[:3], progress=False)
+    with pytest.raises(RuntimeError, match="needs stage 'ground' first"):
+        train_stage("instruct", tmp_path, tc, samples, progress=False)
+    train_base(tmp_path, tc, samples, progress=False)
+    assert (tmp_path / "config.json").is_file()
+    # ground trains the projector and language model from align's weights, tower frozen
+    align, ground = (LlavaForConditionalGeneration.from_pretrained(tmp_path / "stages" / s) for s in ("align", "ground"))
+    a, g = align.state_dict(), ground.state_dict()
+    assert all(torch.equal(a[k], g[k]) for k in a if "vision_tower" in k)
+    assert not torch.equal(a["lm_head.weight"], g["lm_head.weight"])
+
+
+def test_the_count_head_reads_the_number_of_objects_from_cls(samples):
+    from transformers import CLIPVisionModel
+
+    from keepsight.world.base import VisionPretrainer
+    from keepsight.world.models import get_preset, preset_processor, vision_config
+    from keepsight.world.tasks import VisionCollator, VisionDataset
+
+    torch.manual_seed(0)
+    net = VisionPretrainer(CLIPVisionModel(vision_config(get_preset("tiny-llava"))), samples.config, count_head=True)
+    data = VisionDataset(samples, count=True)
+    assert data[0]["count"] == len(samples.scenes[0].objects) and "count" not in VisionDataset(samples)[0]
+    batch = VisionCollator(preset_processor("tiny-llava").image_processor, count=True)([data[i] for i in range(8)])
+    out = net(**batch)
+    assert out["logits_count"].shape == (8, samples.config.max_objects + 1) and torch.isfinite(out["loss"])
+    with torch.no_grad():  # the count's cross-entropy is part of the loss
+        net.count_head.bias.add_(torch.nn.functional.one_hot(batch["count"][0], samples.config.max_objects + 1) * 50)
+        assert net(**batch)["loss"] != out["loss"]
+    with pytest.raises(ValueError, match="needs the count target"):
+        net(**{k: v for k, v in batch.items() if k != "count"})
+
+
 def test_train_config_errors():
     with pytest.raises(ValueError, match="unknown preset"):
         TrainConfig(preset="nope")

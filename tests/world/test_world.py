@@ -19,6 +19,7 @@ from keepsight.world.texts import (
     caption,
     cell_questions,
     count_questions,
+    lookup_questions,
     open_questions,
     place,
     yes_no_questions,
@@ -165,6 +166,32 @@ def test_cell_questions_name_what_is_there():
             cell = q["question"].split()[3]
             o = at.get(cell)
             assert q["answer"] == ("nothing" if o is None else f"a {o.size} {o.colour} {o.shape}")
+
+
+def test_lookup_questions_read_every_object_and_some_empty_cells():
+    from keepsight.world.tasks import VLMDataset, WorldSamples
+
+    cfg = world_config()
+    scenes = generate_scenes(cfg, 50, seed=5)
+    for s in scenes:
+        at = {place(o.row, o.col): o for o in s.objects}
+        qs = lookup_questions(s, cfg)
+        asked = {(q["kind"], q["question"].split()[-2]) for q in qs}
+        kinds = ("colour", "shape", "colour_at", "shape_at")
+        assert asked >= {(k, c) for c in at for k in kinds}  # every object, both attributes, both forms
+        for q in qs:
+            cell = q["question"].split()[-2]
+            if q["kind"] == "empty":
+                assert cell not in at and q["answer"] == "nothing"
+            elif q["kind"].endswith("_at"):  # the cell restated, then its attribute
+                assert q["answer"] == f"{cell} {getattr(at[cell], q['kind'][:-3])}"
+            else:
+                assert q["answer"] == getattr(at[cell], q["kind"])
+        assert sum(q["kind"] == "empty" for q in qs) == min(2, 16 - len(s.objects))
+        assert qs == lookup_questions(s, cfg)  # a function of the scene
+    data = VLMDataset(WorldSamples.from_scenes(cfg, scenes[:4]), ("lookup",))
+    assert len(data) == sum(len(lookup_questions(s, cfg)) for s in scenes[:4])
+    assert {data.category(i) for i in range(len(data))} == {"lookup"}
 
 
 def test_load_world_returns_a_dataset(tmp_path):

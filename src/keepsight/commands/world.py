@@ -102,7 +102,7 @@ def run_train(args) -> int:
         check_in_memory(cfg, args.n)
         samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, args.n, seed=args.seed))
     tc = copy.deepcopy(dataclasses.replace(BASE_RECIPE, preset=args.preset, seed=args.seed))  # the demo's recipe
-    for stage in STAGES:
+    for stage in tc.stages:
         st = getattr(tc, stage)
         st.steps = max(1, round(st.steps * args.steps_scale))
         if args.batch_size:
@@ -111,13 +111,13 @@ def run_train(args) -> int:
         summaries = train_base(args.out, tc, samples, grad_accum=args.grad_accum, overwrite=args.overwrite)
     else:
         summaries = {}
-        for s in STAGES if args.stage == "all" else (args.stage,):
+        for s in tc.stages if args.stage == "all" else (args.stage,):
             summaries[s] = train_stage(s, args.out, tc, samples, stop_after=args.stop_after,
                                        grad_accum=args.grad_accum, overwrite=args.overwrite)
             if summaries[s] is None:
                 print(f"stage {s} stopped at step {args.stop_after}; run the same command to resume")
                 return 0
-        if all(stage_done(args.out, s) for s in STAGES):
+        if all(stage_done(args.out, s) for s in tc.stages):
             finalize(args.out)
     for s, v in summaries.items():
         if v:

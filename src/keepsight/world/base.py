@@ -5,7 +5,9 @@
                 world's co-occurrence priors, as a real LLM learns its language priors);
 2. ``vision``   vision tower trained on its own, to name what sits in each grid cell and the scene type;
 3. ``align``    the LLaVA model assembled from both, only the projector trains (feature alignment);
-4. ``instruct`` projector + language model train on descriptions, captions and QA (tower frozen).
+4. ``ground``   (optional) projector + language model learn to read one named cell ("what colour is the object
+                at b3 ?"): the lookup a mixed instruction set leaves on a long plateau (see ``LOOKUP``);
+5. ``instruct`` projector + language model train on descriptions, captions and QA (tower frozen).
 
 Each stage writes ``<out>/stages/<stage>/`` atomically when it finishes, and periodic Trainer
 checkpoints under ``<out>/stages/<stage>-checkpoints/`` while it runs; running it again resumes from
@@ -51,11 +53,12 @@ from .tasks import (
     instruct_data,
 )
 
-STAGES = ("lm", "vision", "align", "instruct")
+STAGES = ("lm", "vision", "align", "ground", "instruct")
 BASE_KIND = "world-base"
 BASE_REQUEST = "keepsight_request.json"
-REQUIRES = {"lm": (), "vision": (), "align": ("lm", "vision"), "instruct": ("align",)}
+REQUIRES = {"lm": (), "vision": (), "align": ("lm", "vision"), "ground": ("align",), "instruct": ("ground",)}
 DONE_FILE = "keepsight_stage.json"
+SEED_OFFSET = {"lm": 0, "vision": 1, "align": 2, "instruct": 3, "ground": 4}  # a stage's seed: the recipe's + this
 
 
 @dataclass
@@ -81,13 +84,17 @@ class TrainConfig:
     instruct_tasks: tuple[str, ...] = INSTRUCT_TASKS + ("chat",)  # the instruct stage's mix (VLMDataset tasks)
     max_turns: int = 16  # "chat": the longest conversation (turns) the base is trained on
     instruct_lm_lr: float | None = None  # the language model's peak lr in instruct (None: the stage's lr)
+    ground: StageConfig | None = None  # the cell-lookup stage between align and instruct (None: no such stage)
+    count_head: bool = False  # the vision stage also classifies the number of objects from the CLS feature
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
         if get_preset(self.preset).arch != "llava":
             raise ValueError(f"preset {self.preset!r}: staged world training supports LLaVA-family presets only")
-        for name in STAGES:
+        if isinstance(self.ground, dict):
+            self.ground = StageConfig(**self.ground)
+        for name in self.stages:
             st = getattr(self, name)
             if isinstance(st, dict):
                 st = StageConfig(**st)
@@ -110,10 +117,21 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this recipe runs, in order (``ground`` only when it has a schedule)."""
+        return tuple(s for s in STAGES if s != "ground" or self.ground is not None)
+
+    def requires(self, stage: str) -> tuple[str, ...]:
+        """The stages ``stage`` starts from (instruct starts from align when there is no ground stage)."""
+        if stage == "instruct" and self.ground is None:
+            return ("align",)
+        return REQUIRES[stage]
+
     def options(self, stage: str) -> TrainOptions:
-        """The ``TrainOptions`` of ``stage``: its schedule, seed ``seed + stage index``, this checkpoint period."""
+        """The ``TrainOptions`` of ``stage``: its schedule, seed ``seed + SEED_OFFSET[stage]``, this checkpoint period."""
         st: StageConfig = getattr(self, stage)
-        return TrainOptions(steps=st.steps, lr=st.lr, batch_size=st.batch_size, seed=self.seed + STAGES.index(stage),
+        return TrainOptions(steps=st.steps, lr=st.lr, batch_size=st.batch_size, seed=self.seed + SEED_OFFSET[stage],
                             save_every=self.save_every)
 
 
@@ -132,10 +150,11 @@ BASE_RECIPE = TrainConfig(
 class VisionPretrainer(nn.Module):
     """A vision tower with per-cell heads: patch features are average-pooled onto the world's grid and
     classified (shape incl. "empty", colour, size, and which cell it is); the CLS feature classifies the
-    scene type. The cell target makes every feature say where it is, as a language model reading the
-    features needs: RoPE alone cannot address the k-th image token from a growing distance."""
+    scene type (and with ``count_head`` the number of objects). The cell target makes every feature say where
+    it is, as a language model reading the features needs: RoPE alone cannot address the k-th image token from a
+    growing distance."""
 
-    def __init__(self, tower: nn.Module, config: WorldConfig):
+    def __init__(self, tower: nn.Module, config: WorldConfig, count_head: bool = False):
         super().__init__()
         d = tower.config.hidden_size
         self.tower = tower
@@ -144,9 +163,10 @@ class VisionPretrainer(nn.Module):
         self.colour_head = nn.Linear(d, len(config.colours))
         self.size_head = nn.Linear(d, len(config.sizes))
         self.scene_head = nn.Linear(d, len(config.scenes))
+        self.count_head = nn.Linear(d, config.max_objects + 1) if count_head else None
         self.cell_head = nn.Linear(d, self.grid[0] * self.grid[1])
 
-    def forward(self, pixel_values, shape=None, colour=None, size=None, scene=None):
+    def forward(self, pixel_values, shape=None, colour=None, size=None, scene=None, count=None):
         h = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, 1 + P, d]
         cls, patches = h[:, 0], h[:, 1:]
         b, p, d = patches.shape
@@ -157,6 +177,8 @@ class VisionPretrainer(nn.Module):
             "shape": self.shape_head(cells), "colour": self.colour_head(cells),
             "size": self.size_head(cells), "scene": self.scene_head(cls), "cell": self.cell_head(cells),
         }
+        if self.count_head is not None:
+            logits["count"] = self.count_head(cls)
         out = {"logits_" + k: v for k, v in logits.items()}
         if shape is not None:
             ce = nn.functional.cross_entropy
@@ -167,6 +189,10 @@ class VisionPretrainer(nn.Module):
                 + ce(logits["scene"], scene)
                 + ce(logits["cell"].flatten(0, 1), torch.arange(cells.shape[1], device=h.device).repeat(b))
             )
+            if self.count_head is not None:
+                if count is None:
+                    raise ValueError("VisionPretrainer(count_head=True) needs the count target")
+                out["loss"] = out["loss"] + ce(logits["count"], count)
         return out
 
 
@@ -216,15 +242,18 @@ class StageRecipe(Recipe):
         if self.stage == "lm":
             return Qwen3ForCausalLM(text_config(self.preset, tok)), processor
         if self.stage == "vision":
-            return VisionPretrainer(CLIPVisionModel(vision_config(self.preset)), self.samples.config), processor
+            tc = self.train_cfg
+            return VisionPretrainer(CLIPVisionModel(vision_config(self.preset)), self.samples.config,
+                                    count_head=tc.count_head), processor
         if self.stage == "align":  # a fresh projector between the pretrained language model and tower
             return assemble_from_stages(self.base, self.preset, tok, seed), processor
-        return LlavaForConditionalGeneration.from_pretrained(_stage_dirs(self.base, "align")[0]), processor
+        start = self.train_cfg.requires(self.stage)[0]  # ground: align; instruct: ground (or align)
+        return LlavaForConditionalGeneration.from_pretrained(_stage_dirs(self.base, start)[0]), processor
 
     def trainable(self, name: str) -> bool:
         if self.stage == "align":
             return "multi_modal_projector" in name
-        if self.stage == "instruct":  # tower frozen
+        if self.stage in ("ground", "instruct"):  # tower frozen
             return any(t in name for t in ("multi_modal_projector", "language_model", "lm_head"))
         return True
 
@@ -232,7 +261,9 @@ class StageRecipe(Recipe):
         if self.stage == "lm":
             return TextDataset(self.samples)
         if self.stage == "vision":
-            return VisionDataset(self.samples)
+            return VisionDataset(self.samples, count=self.train_cfg.count_head)
+        if self.stage == "ground":
+            return VLMDataset(self.samples, ("lookup",), self.options.seed)
         if self.stage == "align":
             return VLMDataset(self.samples, ("describe", "caption"), self.options.seed)
         # about a quarter of the steps on descriptions, the rest on short QA / grounding (and conversations)
@@ -258,7 +289,7 @@ class StageRecipe(Recipe):
         if self.stage == "lm":
             return TextCollator(processor.tokenizer)
         if self.stage == "vision":
-            return VisionCollator(processor.image_processor)
+            return VisionCollator(processor.image_processor, count=self.train_cfg.count_head)
         return VLMCollator(processor)
 
     def checkpoint_dir(self) -> Path:
@@ -322,14 +353,15 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
     """Run one stage (resuming if interrupted). Returns its summary, or None if ``stop_after`` ended
     it before the last step (run again to continue). The stage's batch size is the global batch
     (``run_trainer``); under ``accelerate launch`` only the main process writes."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; choose from {STAGES}")
+    if stage not in train_cfg.stages:
+        hint = " (this recipe has no ground stage: set its schedule, TrainConfig.ground)" if stage == "ground" else ""
+        raise ValueError(f"unknown stage {stage!r}; choose from {train_cfg.stages}{hint}")
     out = Path(out)
     prepare_base(out, train_cfg, samples, overwrite)
     final, _ = _stage_dirs(out, stage)
     if (final / DONE_FILE).is_file():
         return json.loads((final / DONE_FILE).read_text())
-    for prev in REQUIRES[stage]:
+    for prev in train_cfg.requires(stage):
         if not stage_done(out, prev):
             raise RuntimeError(f"stage {stage!r} needs stage {prev!r} first (run it, or --stage all)")
     preset = get_preset(train_cfg.preset)
@@ -375,16 +407,16 @@ def finalize(out: str | os.PathLike) -> Path:
 
 
 def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
-               stages: tuple[str, ...] = STAGES, progress: bool = True, grad_accum: int = 1,
+               stages: tuple[str, ...] | None = None, progress: bool = True, grad_accum: int = 1,
                overwrite: bool = False) -> dict:
-    """Run ``stages`` in order (skipping finished ones) and finalise when all four are done. ``out`` must be new,
-    empty or a base of the same request (``prepare_base``)."""
+    """Run ``stages`` (default: every stage of the recipe) in order, skipping finished ones, and finalise when all
+    are done. ``out`` must be new, empty or a base of the same request (``prepare_base``)."""
     out = Path(out)
     prepare_base(out, train_cfg, samples, overwrite)
     summaries = {}
-    for stage in stages:
+    for stage in train_cfg.stages if stages is None else stages:
         summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum)
-    if all(stage_done(out, s) for s in STAGES):
+    if all(stage_done(out, s) for s in train_cfg.stages):
         finalize(out)
     return summaries
 

@@ -23,6 +23,7 @@ from .texts import (
     cell_questions,
     count_questions,
     description,
+    lookup_questions,
     open_questions,
     varied_description,
     yes_no_questions,
@@ -92,11 +93,12 @@ class TextDataset(torch.utils.data.Dataset):
 
 
 class VisionDataset(torch.utils.data.Dataset):
-    """Images with per-cell targets: shape (0 = empty cell), colour, size, and the scene type."""
+    """Images with per-cell targets: shape (0 = empty cell), colour, size, and the scene type (with ``count``, also
+    the number of objects)."""
 
-    def __init__(self, samples: WorldSamples):
+    def __init__(self, samples: WorldSamples, count: bool = False):
         c = samples.config
-        self.samples = samples
+        self.samples, self.count = samples, count
         self.rows, self.cols = c.grid
         self.shape_ix = {s: i + 1 for i, s in enumerate(c.shapes)}
         self.colour_ix = {s: i for i, s in enumerate(c.colours)}
@@ -118,13 +120,17 @@ class VisionDataset(torch.utils.data.Dataset):
         for o in s.objects:
             k = o.row * self.cols + o.col
             shape[k], colour[k], size[k] = self.shape_ix[o.shape], self.colour_ix[o.colour], self.size_ix[o.size]
-        return {"image": self.samples.images[i], "shape": shape, "colour": colour, "size": size,
-                "scene": self.scene_ix[s.scene]}
+        out = {"image": self.samples.images[i], "shape": shape, "colour": colour, "size": size,
+               "scene": self.scene_ix[s.scene]}
+        if self.count:
+            out["count"] = len(s.objects)
+        return out
 
 
 @dataclass
 class VisionCollator:
     image_processor: object
+    count: bool = False
 
     def __call__(self, batch: list[dict]) -> dict:
         pix = self.image_processor([b["image"] for b in batch], return_tensors="pt")["pixel_values"]
@@ -132,6 +138,8 @@ class VisionCollator:
         for k in ("shape", "colour", "size"):
             out[k] = torch.as_tensor(np.stack([b[k] for b in batch]))
         out["scene"] = torch.tensor([b["scene"] for b in batch])
+        if self.count:
+            out["count"] = torch.tensor([b["count"] for b in batch])
         return out
 
 
@@ -145,6 +153,9 @@ class VLMDataset(torch.utils.data.Dataset):
     ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``),
     "chat_image" (a "chat" whose image is shown again just before one later question, drawn uniformly: the format
     of the history regime's oracle, so that a second look at the image is something the model was trained on),
+    "lookup" (``texts.lookup_questions``: the colour and shape of every object by its cell, asked directly and with
+    the cell restated in the answer, and "what is at ..." for two empty cells: answers that can only come from
+    reading the named cell),
     "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
     "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
     ``texts.count_questions``).
@@ -152,7 +163,7 @@ class VLMDataset(torch.utils.data.Dataset):
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
-             "chat_image")
+             "chat_image", "lookup")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
@@ -204,6 +215,10 @@ class VLMDataset(torch.utils.data.Dataset):
                 qs = count_questions(s, samples.config)
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
                 self.categories += ["count"] * len(qs)
+            if "lookup" in mix:
+                qs = lookup_questions(s, samples.config)
+                self.items += [(i, q["question"], q["answer"]) for q in qs]
+                self.categories += ["lookup"] * len(qs)
             if "describe_varied" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(describe_repeats)]
                 self.categories += ["describe_varied"] * describe_repeats
