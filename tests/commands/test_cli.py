@@ -24,6 +24,7 @@ def test_world_build_cli(tmp_path, capsys):
         (["world", "build", "--out", "{tmp}/w", "--n", "2", "--max-objects", "30"], "exceeds the 16 cells"),
         (["world", "train", "--preset", "tiny-gpt", "--out", "{tmp}/m"], "unknown preset 'tiny-gpt'"),
         (["world", "train", "--out", "{tmp}/m", "--data", "{tmp}/missing"], "does not exist"),
+        (["world", "train", "--out", "{tmp}/m", "--n", "4", "--stage", "ground"], "no ground stage"),
         (["world", "eval", "--model", "{tmp}", "--data", "{tmp}"], "world.json is missing"),
     ],
 )

@@ -12,7 +12,7 @@ from ..inference import Decoders
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
-from ..world.base import BASE_KIND, BASE_RECIPE, STAGES, finalize, stage_done, train_base, train_stage
+from ..world.base import BASE_KIND, RECIPES, STAGES, finalize, stage_done, train_base, train_stage
 from ..world.dataset import build_world, check_in_memory, generate_scenes
 from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
@@ -42,12 +42,15 @@ def add_parser(sub) -> None:
     b.set_defaults(func=run_build)
 
     t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct) with the demo's "
-                          "recipe (keepsight.world.base.BASE_RECIPE)")
+                          "recipe (keepsight.world.base.BASE_RECIPE; --recipe grounded: GROUNDED_RECIPE)")
     t.add_argument("--preset", default="tiny-llava")
     t.add_argument("--out", required=True)
     t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
     t.add_argument("--n", type=positive_int, default=4000, help="training scenes when --data is not given")
     t.add_argument("--seed", type=nonneg_int, default=0)
+    t.add_argument("--recipe", default="base", choices=sorted(RECIPES),
+                   help="base: the demo's recipe (BASE_RECIPE); grounded: with a cell-lookup stage before instruct and "
+                   "a count head on the tower (GROUNDED_RECIPE; keepsight.world.base says what it measured)")
     t.add_argument("--stage", default="all", choices=["all", *STAGES])
     t.add_argument("--steps-scale", type=positive_float, default=1.0, help="multiply every stage's step count")
     t.add_argument("--batch-size", type=positive_int, help="override every stage's batch size")
@@ -101,7 +104,7 @@ def run_train(args) -> int:
         cfg = world_from_args(args)
         check_in_memory(cfg, args.n)
         samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, args.n, seed=args.seed))
-    tc = copy.deepcopy(dataclasses.replace(BASE_RECIPE, preset=args.preset, seed=args.seed))  # the demo's recipe
+    tc = copy.deepcopy(dataclasses.replace(RECIPES[args.recipe], preset=args.preset, seed=args.seed))
     for stage in tc.stages:
         st = getattr(tc, stage)
         st.steps = max(1, round(st.steps * args.steps_scale))

@@ -169,7 +169,8 @@ def lookup_questions(scene: Scene, config: WorldConfig, empty: int = 2) -> list[
     The restated form is what makes the direct one learnable in a small model: there the attribute is predicted at
     the cell name's own position, so one attention step (the name to its image token) answers it, and it is learnt
     in a few hundred steps. The direct answer needs two (the answer's position to the name, the name to the image):
-    trained alone, a plateau of thousands of steps that a mixed instruction set never left (measured: README)."""
+    trained alone, a plateau of thousands of steps that a mixed instruction set never left (README: the grounded
+    recipe)."""
     rng = np.random.default_rng([scene.seed, scene.index, 6])
     out = []
     for o in scene.objects:
