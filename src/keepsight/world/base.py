@@ -115,7 +115,13 @@ class TrainConfig:
             raise ValueError(f"instruct_lm_lr must be > 0 (or None), got {self.instruct_lm_lr!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields; the optional ground stage and count head only when set, so a recipe without them keeps the
+        cache key and ``train_config.json`` it had before they existed."""
+        d = asdict(self)
+        for name, off in (("ground", None), ("count_head", False)):
+            if d[name] == off:
+                del d[name]
+        return d
 
     @property
     def stages(self) -> tuple[str, ...]:
