@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from keepsight.determinism import DEFAULT_THREADS, configured  # noqa: E402
 from keepsight.world import generate_scenes, world_config  # noqa: E402
 from keepsight.world.tasks import WorldSamples  # noqa: E402
-from test_determinism import PINS, _pinned_environment, stage_hashes  # noqa: E402
+from test_determinism import PINS, _pinned_environment, pin_key, stage_hashes  # noqa: E402
 
 if __name__ == "__main__":
     cfg = world_config()
@@ -20,6 +20,6 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp, configured(DEFAULT_THREADS) as env:
         hashes = stage_hashes(Path(tmp) / "base", samples)
     pins = json.loads(PINS.read_text()) if PINS.is_file() else {}
-    pins[env["cpu_capability"]] = {"environment": _pinned_environment(env), "stages": hashes}
+    pins[pin_key(env)] = {"environment": _pinned_environment(env), "stages": hashes}
     PINS.write_text(json.dumps(pins, indent=2, sort_keys=True) + "\n")
     print(f"wrote {PINS}: {hashes}")

@@ -67,15 +67,21 @@ def test_an_interrupted_stage_resumes_to_the_same_weights(runs):
 
 
 def _pinned_environment(env: dict) -> dict:
-    return {k: env[k] for k in ("packages", "machine", "cpu_capability", "threads", "deterministic")}
+    return {k: env[k] for k in ("packages", "machine", "cpu_capability", "cpu_vendor", "threads", "deterministic")}
+
+
+def pin_key(env: dict) -> str:
+    """The pins' key for a machine: the dispatch capability and the vendor (MKL's matrix products follow both)."""
+    return f"{env['cpu_capability']}-{env['cpu_vendor']}"
 
 
 def test_stage_hashes_match_the_pins(runs):
-    """The pins are kept per CPU kind (the instruction set torch dispatches to): the same code trains other bits on
-    another kind, so each kind the project runs on has its own entry, and this test runs on each of them."""
+    """The pins are kept per CPU kind (the instruction set torch dispatches to, and the vendor: MKL's matrix products
+    differ between an Intel and an AMD AVX512 machine): the same code trains other bits on another kind, so each kind
+    the project runs on has its own entry, and this test runs on each of them."""
     pins = json.loads(PINS.read_text())
     here = _pinned_environment(runs["env"])
-    kind = here["cpu_capability"]
+    kind = pin_key(here)
     if kind not in pins:
         pytest.skip(f"no pins for CPU kind {kind} (pinned: {sorted(pins)}); add them with "
                     "`python tests/determinism_pins.py` on such a machine (README, Reproducibility)")

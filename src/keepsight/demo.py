@@ -16,11 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from . import __version__
 from .atomic import check_output_dir, mark, write_json, write_text
-from .determinism import DEFAULT_THREADS, SOURCE_ROOT, configured, provenance, source_digest
+from .determinism import DEFAULT_THREADS, SOURCE_ROOT, configured, cpu_kind, provenance, source_digest
 from .experiments.aggregate import aggregate
 from .experiments.arm import EvalSets, ExperimentContext, evaluate_arm
 from .experiments.baselines import ARMS as BASELINE_ARMS
@@ -315,7 +313,8 @@ def provenance_markdown(results: dict) -> str:
                 if caches["reused_from_other_code"] else ", all trained by this code"))
     return (f"Produced by `{prov['command']}` from keepsight {commit} (source {code['source']}); "
             f"{env['threads']} threads, deterministic algorithms {'on' if env['deterministic'] else 'off'}, "
-            f"torch {pk['torch']}, transformers {pk['transformers']}, {env['machine']} {env['cpu_capability']}; "
+            f"torch {pk['torch']}, transformers {pk['transformers']}, {env['machine']} {env['cpu_capability']}"
+            f"{' ' + env['cpu_vendor'] if env.get('cpu_vendor') else ''}; "
             f"{reuse}.\n")
 
 
@@ -407,12 +406,14 @@ def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool,
 
 def published_results(profile_name: str) -> Path:
     """The committed ``results.md`` of ``profile_name`` in this source checkout for this machine's CPU kind
-    (``docs/results/<profile>-<cpu kind>.md``, e.g. ``full-avx512.md``), else ``docs/results/<profile>.md``."""
+    (``docs/results/<profile>-<cpu kind>.md``, e.g. ``full-avx512-intel.md``; then ``full-avx512.md``, a page made
+    before the vendor was recorded), else ``docs/results/<profile>.md``."""
     root = SOURCE_ROOT.parents[1] / "docs" / "results"
-    kind = str(torch.backends.cpu.get_cpu_capability()).lower()
-    path = root / f"{profile_name}-{kind}.md"
-    if not path.is_file():
-        path = root / f"{profile_name}.md"
+    kind = cpu_kind()
+    for name in (f"{profile_name}-{kind}.md", f"{profile_name}-{kind.split('-')[0]}.md", f"{profile_name}.md"):
+        path = root / name
+        if path.is_file():
+            break
     if not path.is_file():
         raise FileNotFoundError(f"no published results for profile {profile_name!r} at {path} (keepsight runs outside "
                                 "its source checkout?); pass the file to compare against with --against")

@@ -35,6 +35,28 @@ def _version(package: str) -> str | None:
         return None
 
 
+def cpu_vendor() -> str | None:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``; None where the OS does not say): MKL picks its
+    matrix-product kernels by vendor as well as by instruction set, so two AVX512 machines of different vendors train
+    different bits."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def cpu_kind() -> str:
+    """The CPU kind bits depend on, as a short name: torch's dispatch capability and the vendor (``avx512-intel``,
+    ``avx2-amd``; the capability alone where the vendor is unknown)."""
+    vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(cpu_vendor() or "", None)
+    cap = str(torch.backends.cpu.get_cpu_capability()).lower()
+    return f"{cap}-{vendor}" if vendor else cap
+
+
 def environment() -> dict:
     """Everything besides the code and the request that a trained model's bits depend on."""
     return {
@@ -42,6 +64,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_vendor": cpu_vendor(),
         # oneDNN (convolutions, the exact GELU) picks its kernels by the CPU itself, not by torch's capability: its
         # cap (ONEDNN_MAX_CPU_ISA) and whether torch calls it at all change the bits as the CPU kind does
         "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
