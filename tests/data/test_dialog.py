@@ -116,8 +116,24 @@ def test_history_scoring_counts_what_the_model_answers(samples, processor):
             hits += tok.decode(out[0, -1:], skip_special_tokens=True).strip() == final["answer"]
         row = res["by_length"][str(h)]
         assert row["n"] == len(samples) and row["acc"] == pytest.approx(hits / len(samples))
+        assert len(res["hits"][str(h)]) == len(samples) and res["hits"][str(h)].count("1") == hits
         assert row["low"] <= row["acc"] <= row["high"] and 0 < row["omega_v"] < 1
     assert res["by_length"]["2"]["text_tokens"] > res["by_length"]["0"]["text_tokens"]
+
+
+def test_oracle_recovery_is_paired_by_scene():
+    from keepsight.experiments.pvm import recovery
+
+    def hist(short, long):  # 4 scenes, lengths 0 and 15
+        d = sum(map(int, short)) / 4 - sum(map(int, long)) / 4
+        return {"lengths": [0, 15], "hits": {"0": short, "15": long}, "drop": {"diff": d}}
+
+    base, oracle = hist("1111", "1100"), hist("1111", "1110")  # the base loses 2 scenes, the oracle wins 1 back
+    rec = recovery(oracle, base)
+    assert rec["recovered_share"] == pytest.approx(0.5)
+    assert rec["recovered_interval"][0] <= 0.25 <= rec["recovered_interval"][1]
+    assert recovery(oracle, {k: v for k, v in base.items() if k != "hits"}) == {}  # an earlier keepsight's results
+    assert recovery(oracle, hist("1100", "1100"))["recovered_share"] is None  # no drop to recover
 
 
 def test_interval_statistics_on_hand_made_cases():

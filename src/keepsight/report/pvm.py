@@ -113,7 +113,10 @@ def pvm_markdown(res: dict) -> str:
                   f"{fmt(oracle['base_drop_interval'][1])}] |",
                   f"| base, image re-inserted | {fmt(oracle['short_acc'])} | {fmt(oracle['long_acc'])} | "
                   f"{fmt(oracle['drop'])} [{fmt(oracle['drop_interval'][0])}, {fmt(oracle['drop_interval'][1])}] |",
-                  "", f"The re-inserted image changes accuracy after the longest history by {fmt(oracle['recovered'])}."]
+                  "", f"The re-inserted image changes accuracy after the longest history by {fmt(oracle['recovered'])}"
+                  + (f" [{fmt(oracle['recovered_interval'][0])}, {fmt(oracle['recovered_interval'][1])}], paired by "
+                     f"scene: {fmt(oracle['recovered_share'])} of the base's drop."
+                     if oracle.get("recovered_interval") else ".")]
     tr = res["training"]
     first, last = tr["pvm_grpo"]["first_reward"] or {}, tr["pvm_grpo"]["last_reward"] or {}
     lines += ["", f"LoRA control: rank {tr['lora']['rank']}, {tr['lora']['lora_parameters']} parameters "

@@ -133,8 +133,9 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
     of the scene with their true answers; ``keepsight.world.dialog.history_probe``), for each h in ``lengths``,
     with the share of attention on the image (Omega_V, mean over layers and heads) and TVR at the position that
     answers. Returns per length: ``acc`` with its 95% Wilson interval, ``omega_v``, ``tvr``, ``text_tokens``;
-    and ``drop``: accuracy at the shortest minus at the longest history, paired by scene, with a 95% bootstrap
-    interval. ``probe=False`` leaves the attention probe out (Omega_V / TVR are then None): for methods that set
+    ``drop``: accuracy at the shortest minus at the longest history, paired by scene, with a 95% bootstrap
+    interval; and ``hits``: per length, each scene's outcome in order ("1" right, "0" wrong), for comparisons paired
+    by scene between arms. ``probe=False`` leaves the attention probe out (Omega_V / TVR are then None): for methods that set
     their own attention function (``keepsight.baselines.PAI``). ``reinsert_image``: the oracle - the image again
     just before the final question (after any history), so that access to the image is no longer in question."""
     lengths = sorted(set(int(h) for h in lengths))
@@ -174,4 +175,5 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
                          "text_tokens": sum(text) / len(text)}
     return {"lengths": lengths, "by_length": {str(h): v for h, v in per_length.items()},
             "drop": paired_bootstrap(hits[lengths[0]], hits[lengths[-1]], seed=seed),
+            "hits": {str(h): "".join(str(int(x)) for x in v) for h, v in hits.items()},  # per scene, "1" = right
             "categories": sorted({p[1]["kind"] for p in probes})}
