@@ -122,7 +122,7 @@ def test_history_scoring_counts_what_the_model_answers(samples, processor):
 
 
 def test_oracle_recovery_is_paired_by_scene():
-    from keepsight.experiments.pvm import recovery
+    from keepsight.world.evaluate import oracle_recovery as recovery
 
     def hist(short, long):  # 4 scenes, lengths 0 and 15
         d = sum(map(int, short)) / 4 - sum(map(int, long)) / 4

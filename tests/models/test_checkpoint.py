@@ -169,6 +169,24 @@ def test_training_and_eval_commands_take_a_qwen_directory(saved, name, tmp_path,
         assert "install torchvision" in capsys.readouterr().err
 
 
+def test_world_eval_history_scores_the_regime_and_its_oracle(saved, tmp_path, capsys):
+    from keepsight.cli import main
+
+    data = tmp_path / "data"
+    assert main(["world", "build", "--out", str(data), "--n", "3", "--seed", "1"]) == 0
+    out = tmp_path / "scores.json"
+    assert main(["world", "eval", "--model", str(saved["tiny-llava"]), "--data", str(data), "--history",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "history  accuracy by turns of history 0:" in printed and "oracle after 15 turns:" in printed
+    res = json.loads(out.read_text())
+    for name in ("history", "oracle"):
+        assert res[name]["lengths"][-1] == 15 and all(len(h) == 3 for h in res[name]["hits"].values())
+    long = res["oracle"]["by_length"]["15"]["acc"] - res["history"]["by_length"]["15"]["acc"]
+    low, high = res["oracle_recovery"]["recovered_interval"]
+    assert low <= long + 1e-9 and long - 1e-9 <= high
+
+
 def test_dtype_none_keeps_the_saved_dtype(tmp_path):
     path = save_tiny_checkpoint("tiny-llava", tmp_path / "m")
     model, processor = load_checkpoint(path, dtype="bf16", device="cpu")

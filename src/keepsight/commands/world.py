@@ -14,7 +14,14 @@ from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
 from ..world.base import BASE_KIND, RECIPES, STAGES, finalize, stage_done, train_base, train_stage
 from ..world.dataset import build_world, check_in_memory, generate_scenes
-from ..world.evaluate import evaluate_descriptions, evaluate_open, evaluate_yes_no
+from ..world.evaluate import (
+    HISTORY_LENGTHS,
+    evaluate_descriptions,
+    evaluate_history,
+    evaluate_open,
+    evaluate_yes_no,
+    oracle_recovery,
+)
 from ..world.models import TINY_CHECKPOINTS, TINY_KIND, save_tiny_checkpoint
 from ..world.tasks import WorldSamples
 from .method_options import add_method_options, baseline_choice
@@ -73,6 +80,9 @@ def add_parser(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="evaluate only the first N scenes")
     e.add_argument("--pvm", help="a PVM adapter directory to attach before evaluating")
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
+    e.add_argument("--history", action="store_true", help="also the history regime: one visual yes/no question per "
+                   f"scene after 0 .. {HISTORY_LENGTHS[-1]} turns of other questions, with and without the image shown "
+                   "again just before it (the oracle), with the drop and the oracle's recovery paired by scene")
     e.add_argument("--out", help="write the scores as JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
                    "keepsight's")
@@ -146,6 +156,10 @@ def run_eval(args) -> int:
         yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)
         res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
                "descriptions": evaluate_descriptions(model, processor, samples)}
+        if args.history:
+            res["history"] = evaluate_history(model, processor, samples, probe=method is None)
+            res["oracle"] = evaluate_history(model, processor, samples, probe=False, reinsert_image=True)
+            res["oracle_recovery"] = oracle_recovery(res["oracle"], res["history"])
     if method is not None:
         obj = method.get(baseline)
         res["baseline"] = {"name": baseline, "config": dataclasses.asdict(obj.config), "stats": obj.stats()}
@@ -159,6 +173,17 @@ def run_eval(args) -> int:
     print("colour by index: " + " ".join(f"{r['colour']:.2f}" for r in rows))
     print("counter-prior colour by index: " + " ".join("-" if r["colour_counter_prior"] is None
                                                        else f"{r['colour_counter_prior']:.2f}" for r in rows))
+    if args.history:
+        for name in ("history", "oracle"):
+            h = res[name]
+            d = h["drop"]
+            accs = " ".join(f"{k}:{v['acc']:.3f}" for k, v in h["by_length"].items())
+            print(f"{name:8s} accuracy by turns of history {accs}; drop {d['diff']:.3f} [{d['low']:.3f}, {d['high']:.3f}]")
+        rec, long = res["oracle_recovery"], str(res["history"]["lengths"][-1])
+        gain = res["oracle"]["by_length"][long]["acc"] - res["history"]["by_length"][long]["acc"]
+        share = "-" if rec["recovered_share"] is None else f"{rec['recovered_share']:.2f}"
+        print(f"oracle after {long} turns: {gain:+.3f} [{rec['recovered_interval'][0]:.3f}, "
+              f"{rec['recovered_interval'][1]:.3f}] over the base, {share} of its drop")
     if args.out:
         write_output_json(args.out, res, "world-scores")
     return 0

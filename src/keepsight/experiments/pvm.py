@@ -19,14 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..fingerprint import digest
-from ..metrics import paired_bootstrap
 from ..models import load_checkpoint
 from ..pvm import PVMConfig, load_pvm
 from ..train.finetune import FinetuneConfig, train_finetune
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
-from ..world.evaluate import evaluate_history
+from ..world.evaluate import evaluate_history, oracle_recovery
 from ..world.grpo import check_tasks, world_grpo_data
 from ..world.tasks import WorldSamples, instruct_data
 from .arm import ExperimentContext, evaluate_arm, relative_change
@@ -145,20 +144,8 @@ def oracle_summary(oracle: dict, base: dict) -> dict:
             "base_drop": base["drop"]["diff"], "base_drop_interval": [base["drop"]["low"], base["drop"]["high"]],
             "base_long_acc": base["by_length"][long]["acc"],
             "recovered": oracle["by_length"][long]["acc"] - base["by_length"][long]["acc"],
-            **recovery(oracle, base)}
+            **oracle_recovery(oracle, base)}
 
-
-def recovery(oracle: dict, base: dict) -> dict:
-    """How much of the base's drop the oracle wins back after the longest history: the oracle's accuracy minus the
-    base's there, paired by scene with a 95% bootstrap interval, and that gain as a share of the base's drop. Empty
-    when either history was scored without per-scene outcomes (results of an earlier keepsight)."""
-    long = str(oracle["lengths"][-1])
-    if "hits" not in oracle or "hits" not in base or str(base["lengths"][-1]) != long:
-        return {}
-    diff = paired_bootstrap([float(c) for c in oracle["hits"][long]], [float(c) for c in base["hits"][long]])
-    drop = base["drop"]["diff"]
-    return {"recovered_interval": [diff["low"], diff["high"]],
-            "recovered_share": diff["diff"] / drop if drop and drop > 0 else None}
 
 
 def compare_arms(arms: dict) -> dict:

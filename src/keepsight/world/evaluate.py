@@ -177,3 +177,16 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
             "drop": paired_bootstrap(hits[lengths[0]], hits[lengths[-1]], seed=seed),
             "hits": {str(h): "".join(str(int(x)) for x in v) for h, v in hits.items()},  # per scene, "1" = right
             "categories": sorted({p[1]["kind"] for p in probes})}
+
+
+def oracle_recovery(oracle: dict, base: dict) -> dict:
+    """How much of the base's drop the oracle wins back after the longest history: the oracle's accuracy minus the
+    base's there, paired by scene with a 95% bootstrap interval, and that gain as a share of the base's drop. Empty
+    when either history was scored without per-scene outcomes (results of an earlier keepsight)."""
+    long = str(oracle["lengths"][-1])
+    if "hits" not in oracle or "hits" not in base or str(base["lengths"][-1]) != long:
+        return {}
+    diff = paired_bootstrap([float(c) for c in oracle["hits"][long]], [float(c) for c in base["hits"][long]])
+    drop = base["drop"]["diff"]
+    return {"recovered_interval": [diff["low"], diff["high"]],
+            "recovered_share": diff["diff"] / drop if drop and drop > 0 else None}
