@@ -143,6 +143,22 @@ def test_a_ground_stage_sits_between_align_and_instruct(samples, tmp_path):
     assert not torch.equal(a["lm_head.weight"], g["lm_head.weight"])
 
 
+def test_yes_no_categories_sets_the_instruct_stages_yes_no_share(samples):
+    from keepsight.world.tasks import instruct_data
+
+    assert "yes_no_categories" not in tiny_train_config().to_dict()  # the default keeps earlier cache keys
+    tc = tiny_train_config(yes_no_categories=6)
+    assert TrainConfig(**json.loads(json.dumps(tc.to_dict()))) == tc
+    for bad in (0, 7, 2.0, True):
+        with pytest.raises(ValueError, match="yes_no_categories"):
+            tiny_train_config(yes_no_categories=bad)
+    cats = {"existence", "count", "colour", "shape", "position", "scene"}
+    for k in (2, 6):
+        data = instruct_data(samples, tasks=("yes_no",), yes_no_categories=k)
+        assert len(data) == 2 * k * len(samples) and set(data.categories) <= cats
+    assert set(instruct_data(samples, tasks=("yes_no",), yes_no_categories=6).categories) == cats
+
+
 def test_the_count_head_reads_the_number_of_objects_from_cls(samples):
     from transformers import CLIPVisionModel
 

@@ -271,11 +271,12 @@ INSTRUCT_TASKS = ("describe", "caption", "yes_no", "open", "cells")
 
 
 def instruct_data(samples: WorldSamples, seed: int = 0, tasks: tuple[str, ...] = INSTRUCT_TASKS,
-                  max_turns: int = 16) -> VLMDataset:
+                  max_turns: int = 16, yes_no_categories: int = 2) -> VLMDataset:
     """The instruction mix the method recipes train on (PVM stage 1, the LoRA control, bridge phase 2): the
     base's instruct tasks, each description three times (with length-grouped batches about a quarter of the
     steps)."""
-    return VLMDataset(samples, tasks, seed, describe_repeats=3, max_turns=max_turns)
+    return VLMDataset(samples, tasks, seed, yes_no_categories=yes_no_categories, describe_repeats=3,
+                      max_turns=max_turns)
 
 
 def caption_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:
