@@ -185,6 +185,14 @@ def test_world_eval_history_scores_the_regime_and_its_oracle(saved, tmp_path, ca
     long = res["oracle"]["by_length"]["15"]["acc"] - res["history"]["by_length"]["15"]["acc"]
     low, high = res["oracle_recovery"]["recovered_interval"]
     assert low <= long + 1e-9 and long - 1e-9 <= high
+    assert "after its own description" in printed
+    ad = res["after_description"]
+    for arm in ("none", "description", "oracle"):
+        assert len(ad[arm]["hits"]) == 3 and ad[arm]["acc"] == ad[arm]["hits"].count("1") / 3
+    assert ad["drop"]["diff"] == pytest.approx(ad["none"]["acc"] - ad["description"]["acc"])
+    assert ad["recovery"]["diff"] == pytest.approx(ad["oracle"]["acc"] - ad["description"]["acc"])
+    # with no history the question is the probe's final one, answered as in the history regime's length 0
+    assert ad["none"]["hits"] == res["history"]["hits"]["0"]
 
 
 def test_dtype_none_keeps_the_saved_dtype(tmp_path):

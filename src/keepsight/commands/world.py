@@ -16,6 +16,7 @@ from ..world.base import BASE_KIND, RECIPES, STAGES, finalize, stage_done, train
 from ..world.dataset import build_world, check_in_memory, generate_scenes
 from ..world.evaluate import (
     HISTORY_LENGTHS,
+    evaluate_after_description,
     evaluate_descriptions,
     evaluate_history,
     evaluate_open,
@@ -82,7 +83,9 @@ def add_parser(sub) -> None:
     e.add_argument("--lora", help="a LoRA adapter directory (keepsight lora train) to merge before evaluating")
     e.add_argument("--history", action="store_true", help="also the history regime: one visual yes/no question per "
                    f"scene after 0 .. {HISTORY_LENGTHS[-1]} turns of other questions, with and without the image shown "
-                   "again just before it (the oracle), with the drop and the oracle's recovery paired by scene")
+                   "again just before it (the oracle), and the same question after the model's own description of "
+                   "the image (with and without the oracle), each with the drop and the oracle's recovery paired by "
+                   "scene")
     e.add_argument("--out", help="write the scores as JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
                    "keepsight's")
@@ -160,6 +163,7 @@ def run_eval(args) -> int:
             res["history"] = evaluate_history(model, processor, samples, probe=method is None)
             res["oracle"] = evaluate_history(model, processor, samples, probe=False, reinsert_image=True)
             res["oracle_recovery"] = oracle_recovery(res["oracle"], res["history"])
+            res["after_description"] = evaluate_after_description(model, processor, samples)
     if method is not None:
         obj = method.get(baseline)
         res["baseline"] = {"name": baseline, "config": dataclasses.asdict(obj.config), "stats": obj.stats()}
@@ -184,6 +188,12 @@ def run_eval(args) -> int:
         share = "-" if rec["recovered_share"] is None else f"{rec['recovered_share']:.2f}"
         print(f"oracle after {long} turns: {gain:+.3f} [{rec['recovered_interval'][0]:.3f}, "
               f"{rec['recovered_interval'][1]:.3f}] over the base, {share} of its drop")
+        ad = res["after_description"]
+        d, r = ad["drop"], ad["recovery"]
+        share = "-" if ad["recovered_share"] is None else f"{ad['recovered_share']:.2f}"
+        print(f"after its own description ({ad['description_words']:.0f} words): accuracy {ad['none']['acc']:.3f} -> "
+              f"{ad['description']['acc']:.3f}, drop {d['diff']:.3f} [{d['low']:.3f}, {d['high']:.3f}]; oracle "
+              f"{ad['oracle']['acc']:.3f}, {r['diff']:+.3f} [{r['low']:.3f}, {r['high']:.3f}] over it, {share} of the drop")
     if args.out:
         write_output_json(args.out, res, "world-scores")
     return 0

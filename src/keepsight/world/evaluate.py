@@ -190,3 +190,50 @@ def oracle_recovery(oracle: dict, base: dict) -> dict:
     drop = base["drop"]["diff"]
     return {"recovered_interval": [diff["low"], diff["high"]],
             "recovered_share": diff["diff"] / drop if drop and drop > 0 else None}
+
+
+@torch.no_grad()
+def _final_hits(model, processor, chats: list, finals: list[dict], batch_size: int) -> list[float]:
+    """1.0 where the greedy first token after each chat (left padding) is the final question's answer, else 0.0."""
+    tok = processor.tokenizer
+    device = next(model.parameters()).device
+    hits: list[float] = []
+    for i in range(0, len(chats), batch_size):
+        batch = chats[i : i + batch_size]
+        with padding_side(tok, "left"):
+            enc = processor(text=[render_prompt(processor, c) for c in batch], images=[list(c.images) for c in batch],
+                            return_tensors="pt", padding=True).to(device)
+        gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
+        answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        hits += [float(a.strip() == f["answer"]) for a, f in zip(answers, finals[i : i + batch_size])]
+    return hits
+
+
+def evaluate_after_description(model, processor, samples: WorldSamples, seed: int = 0, batch_size: int = 32) -> dict:
+    """The generated-text regime (the PVM paper's setting: the model's own long text before the answer): each scene's
+    probe question (``history_probe``'s final question) asked with no history, after the model's own description of
+    the image (one turn: the describe prompt and its greedy description), and after the description with the image
+    shown again just before the question (the oracle). Returns ``acc`` (with 95% Wilson interval) and per-scene
+    ``hits`` for each of ``none`` / ``description`` / ``oracle``, ``drop`` (none - description, paired by scene, 95%
+    bootstrap), ``recovery`` (oracle - description, paired) and ``recovered_share`` (recovery / drop), and the
+    descriptions' mean length in words."""
+    config = samples.config
+    finals = [history_probe(s, config, 0, seed)[1] for s in samples.scenes]
+    texts = generate_answers(model, processor, [DESCRIBE_PROMPT] * len(samples), samples.images,
+                             description_budget(config.max_objects), batch_size)
+    arms = {}
+    for name, history, again in (("none", False, False), ("description", True, False), ("oracle", True, True)):
+        chats = [chat_sample(([{"question": DESCRIBE_PROMPT, "answer": t}] if history else []) + [f], img, s.id,
+                             answer_last=False, reinsert_image=again)
+                 for t, f, img, s in zip(texts, finals, samples.images, samples.scenes)]
+        hits = _final_hits(model, processor, chats, finals, batch_size)
+        k = int(sum(hits))
+        low, high = wilson(k, len(hits))
+        arms[name] = {"acc": k / len(hits), "low": low, "high": high, "n": len(hits),
+                      "hits": "".join(str(int(x)) for x in hits)}
+    as_floats = {n: [float(c) for c in a["hits"]] for n, a in arms.items()}
+    drop = paired_bootstrap(as_floats["none"], as_floats["description"], seed=seed)
+    recovery = paired_bootstrap(as_floats["oracle"], as_floats["description"], seed=seed)
+    return {**arms, "drop": drop, "recovery": recovery,
+            "recovered_share": recovery["diff"] / drop["diff"] if drop["diff"] and drop["diff"] > 0 else None,
+            "description_words": sum(len(t.split()) for t in texts) / max(len(texts), 1)}
