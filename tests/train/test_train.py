@@ -157,6 +157,9 @@ def test_yes_no_categories_sets_the_instruct_stages_yes_no_share(samples):
         data = instruct_data(samples, tasks=("yes_no",), yes_no_categories=k)
         assert len(data) == 2 * k * len(samples) and set(data.categories) <= cats
     assert set(instruct_data(samples, tasks=("yes_no",), yes_no_categories=6).categories) == cats
+    # the method recipes train on the base's own mix, its yes/no share included
+    mix = tiny_train_config(yes_no_categories=6, instruct_tasks=("yes_no",)).instruct_mix(samples, 0)
+    assert len(mix) == 12 * len(samples)
 
 
 def test_the_count_head_reads_the_number_of_objects_from_cls(samples):

@@ -20,7 +20,7 @@ from ..fingerprint import digest
 from ..models import load_checkpoint
 from ..train.bridge import BridgeTrainConfig, train_bridge
 from ..world.base import backbone_init
-from ..world.tasks import WorldSamples, caption_data, instruct_data
+from ..world.tasks import WorldSamples, caption_data
 from ..world.texts import DESCRIBE_PROMPT
 from .arm import ExperimentContext, evaluate_arm
 
@@ -77,7 +77,7 @@ def _train_reading(exp: BridgeExperiment, reading: dict, ctx: ExperimentContext,
     s1 = train_bridge(model_dir, caption_data(train, p1.seed), cache / "phase1", p1, progress=False,
                       init=lambda: backbone_init(model_dir, p1.seed))
     log(f"{name} phase 2 (instruction tuning, {p2.steps} steps) -> {cache / 'phase2'}")
-    s2 = train_bridge(cache / "phase1", instruct_data(train, p2.seed, tc.instruct_tasks, tc.max_turns),
+    s2 = train_bridge(cache / "phase1", tc.instruct_mix(train, p2.seed),
                       cache / "phase2", p2, progress=False)
     return {"name": name, "dirs": (cache / "phase1", cache / "phase2"), "summaries": (s1, s2)}
 

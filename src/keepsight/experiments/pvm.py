@@ -27,7 +27,7 @@ from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..world.evaluate import evaluate_history, oracle_recovery
 from ..world.grpo import check_tasks, world_grpo_data
-from ..world.tasks import WorldSamples, instruct_data
+from ..world.tasks import WorldSamples
 from .arm import ExperimentContext, evaluate_arm, relative_change
 
 ARMS = ("base", "pvm_sft", "lora", "pvm_grpo", "full_ft")
@@ -70,7 +70,7 @@ def sft_adapter(exp: PVMExperiment, ctx: ExperimentContext) -> Path:
     sft_dir = sft_dir_of(exp, ctx.model_dir)
     tc = ctx.train_config
     ctx.log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
-    train_pvm_sft(ctx.model_dir, instruct_data(ctx.scenes(), exp.sft.seed, tc.instruct_tasks, tc.max_turns), sft_dir,
+    train_pvm_sft(ctx.model_dir, tc.instruct_mix(ctx.scenes(), exp.sft.seed), sft_dir,
                   exp.pvm, exp.sft, progress=False)
     return sft_dir
 
@@ -86,7 +86,7 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     tc = ctx.train_config  # every arm trains on the base's own instruct mix (conversations included)
 
     def data(seed: int):
-        return instruct_data(train, seed, tc.instruct_tasks, tc.max_turns)
+        return tc.instruct_mix(train, seed)
 
     log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
     sft = train_pvm_sft(model_dir, data(exp.sft.seed), sft_dir, exp.pvm, exp.sft, progress=False)

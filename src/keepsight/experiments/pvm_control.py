@@ -23,7 +23,6 @@ from ..pvm import PVMConfig, load_pvm
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..world.evaluate import evaluate_open, evaluate_yes_no
-from ..world.tasks import instruct_data
 from .arm import ExperimentContext
 
 ARMS = ("base_with_image", "base", "pvm_sft", "lora")
@@ -68,7 +67,7 @@ def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
     train = ctx.scenes()
 
     def data(seed: int):
-        return instruct_data(train, seed, tc.instruct_tasks, tc.max_turns)
+        return tc.instruct_mix(train, seed)
 
     log(f"PVM control: stage 1 with the image withheld ({sft_cfg.steps} steps) -> {sft_dir}")
     sft = train_pvm_sft(model_dir, data(sft_cfg.seed), sft_dir, exp.pvm, sft_cfg, progress=False)

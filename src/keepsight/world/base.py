@@ -129,6 +129,11 @@ class TrainConfig:
                 del d[name]
         return d
 
+    def instruct_mix(self, samples: WorldSamples, seed: int) -> VLMDataset:
+        """The instruct stage's data on ``samples`` (its tasks, conversation length and yes/no share): what the method
+        recipes (PVM stage 1, the LoRA control, full fine-tuning, a bridge's phase 2) train on beside this base."""
+        return instruct_data(samples, seed, self.instruct_tasks, self.max_turns, self.yes_no_categories)
+
     @property
     def stages(self) -> tuple[str, ...]:
         """The stages this recipe runs, in order (``ground`` only when it has a schedule)."""
@@ -288,8 +293,7 @@ class StageRecipe(Recipe):
         if self.stage == "align":
             return VLMDataset(self.samples, ("describe", "caption"), self.options.seed)
         # about a quarter of the steps on descriptions, the rest on short QA / grounding (and conversations)
-        return instruct_data(self.samples, self.options.seed, self.train_cfg.instruct_tasks, self.train_cfg.max_turns,
-                             self.train_cfg.yes_no_categories)
+        return self.train_cfg.instruct_mix(self.samples, self.options.seed)
 
     def optimizer_fn(self):
         lm_lr = self.train_cfg.instruct_lm_lr
