@@ -9,7 +9,7 @@ import torch
 from keepsight.data import VLMCollator
 from keepsight.metrics import mean_ci, paired_bootstrap, separated, wilson
 from keepsight.world import generate_scenes, world_config
-from keepsight.world.dialog import PROBE_CATEGORIES, conversation, history_probe, question_pool
+from keepsight.world.dialog import PROBE_CATEGORIES, conversation, describe_then_ask, history_probe, question_pool
 from keepsight.world.evaluate import evaluate_history
 from keepsight.world.models import build_model
 from keepsight.world.tasks import VLMDataset, WorldSamples, chat_sample
@@ -84,6 +84,49 @@ def test_chat_image_task_shows_the_image_again_before_one_later_question(samples
         chat_sample(turns, samples.images[0], reinsert_at=0)
     with pytest.raises(ValueError, match="not both"):
         chat_sample(turns, samples.images[0], reinsert_image=True, reinsert_at=1)
+
+
+def test_describe_then_ask_trains_the_answer_only_and_its_wrong_descriptions_follow_the_image(samples, processor):
+    import numpy as np
+
+    from keepsight.metrics.parse import parse_description
+    from keepsight.world.texts import DESCRIBE_PROMPT, description, place
+
+    rng = np.random.default_rng(0)
+    wrong = 0
+    for _ in range(40):
+        s = samples.scenes[int(rng.integers(len(samples)))]
+        desc, final = describe_then_ask(s, samples.config, rng)
+        assert desc["question"] == DESCRIBE_PROMPT and desc["context"] and final["answer"] in ("yes", "no")
+        assert final["kind"] in PROBE_CATEGORIES
+        if desc["answer"] == description(s):
+            continue
+        wrong += 1  # one object's colour or shape is stated wrong, and the question asks about that object
+        truth, told = parse_description(description(s)), parse_description(desc["answer"])
+        diff = [(a, b) for a, b in zip(truth.objects, told.objects) if a != b]
+        assert len(truth.objects) == len(told.objects) and len(diff) == 1
+        true_obj, told_obj = diff[0]
+        attr = "colour" if true_obj.colour != told_obj.colour else "shape"
+        assert final["kind"] == attr and true_obj.shape == told_obj.shape or attr == "shape"
+        words = final["question"].split()
+        assert words[4] == place(true_obj.row, true_obj.col)
+        want = {getattr(true_obj, attr): "yes", getattr(told_obj, attr): "no"}
+        assert want[words[-2]] == final["answer"]
+    assert 10 <= wrong <= 30  # about half
+    with pytest.raises(ValueError, match="wrong must be in"):
+        describe_then_ask(samples.scenes[0], samples.config, rng, wrong=1.5)
+    data = VLMDataset(samples, ("describe_ask",), seed=0)
+    assert len(data) == len(samples) and 0 < len(data.reinsert) < len(samples)
+    for i in range(len(data)):
+        batch = VLMCollator(processor)([data[i]])
+        ids, labels = batch["input_ids"][0], batch["labels"][0]
+        labelled = processor.tokenizer.convert_ids_to_tokens(ids[labels != -100].tolist())
+        assert labelled == [data.chats[i][1]["answer"], "<eos>"]  # the description is read, not trained on
+        n_images = int((ids == processor.tokenizer.image_token_id).sum())
+        assert n_images == (2 if i in data.reinsert else 1) * 17
+    only_context = chat_sample(data.chats[0][:1], samples.images[0])
+    with pytest.raises(ValueError, match="every assistant turn is marked context"):
+        VLMCollator(processor)([only_context])
 
 
 def test_count_task_adds_four_count_items_per_scene_and_leaves_other_mixes_alone(samples):

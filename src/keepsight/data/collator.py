@@ -27,12 +27,17 @@ def assistant_spans(processor, sample: Sample, n_tokens: int) -> list[tuple[int,
     template that renders a conversation turn by turn does: the world's, Qwen-VL's, LLaVA's, LLaMA-3's).
     Lengths come from the tokenizer, plus the tokens the processor adds when it expands the image
     placeholders (all images sit before the first assistant turn in the usual layouts; otherwise each prefix
-    goes through the processor with its own images)."""
+    goes through the processor with its own images).
+
+    An assistant turn marked ``"context": True`` is left out (text the model reads but is not trained to write,
+    as a description that is wrong on purpose)."""
     tok = processor.tokenizer
     full = render(processor, sample.messages).rstrip()
     turns = [i for i, m in enumerate(sample.messages) if m["role"] == "assistant"]
     if not turns:
         raise ValueError(f"sample {sample.id!r} has no assistant turn: nothing to train on")
+    if all(sample.messages[i].get("context") for i in turns):
+        raise ValueError(f"sample {sample.id!r}: every assistant turn is marked context: nothing to train on")
     first = turns[0]
     images_early = not any(_has_image(m) for m in sample.messages[first:])
     full_ids = tok(full, add_special_tokens=False)["input_ids"]
@@ -51,6 +56,8 @@ def assistant_spans(processor, sample: Sample, n_tokens: int) -> list[tuple[int,
 
     spans = []
     for i in turns:
+        if sample.messages[i].get("context"):
+            continue
         start = length(render(processor, sample.messages[:i], add_generation_prompt=True), i)
         end = length(render(processor, sample.messages[: i + 1]).rstrip(), i + 1)
         if not start < end <= n_tokens:

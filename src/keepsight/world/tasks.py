@@ -13,7 +13,7 @@ from PIL import Image
 from ..data import IGNORE_INDEX, Sample
 from ..fingerprint import digest
 from .config import WorldConfig
-from .dialog import conversation
+from .dialog import conversation, describe_then_ask
 from .render import render
 from .scene import Scene
 from .texts import (
@@ -158,12 +158,14 @@ class VLMDataset(torch.utils.data.Dataset):
     reading the named cell),
     "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
     "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
-    ``texts.count_questions``).
+    ``texts.count_questions``),
+    "describe_ask" (a description turn, then one yes/no question, the image shown again before the question half
+    the time: ``dialog.describe_then_ask``; the generated-text regime's format and its oracle's).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
-             "chat_image", "lookup")
+             "chat_image", "lookup", "describe_ask")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
@@ -211,6 +213,13 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.chats[len(self.items)] = turns
                 self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
                 self.categories.append("chat_image")
+            if "describe_ask" in mix:
+                turns = describe_then_ask(s, samples.config, rng)
+                if rng.random() < 0.5:
+                    self.reinsert[len(self.items)] = 1
+                self.chats[len(self.items)] = turns
+                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
+                self.categories.append("describe_ask")
             if "count_yes_no" in mix:
                 qs = count_questions(s, samples.config)
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
@@ -248,6 +257,7 @@ def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_la
     """A conversation about one image: the image with the first question, then the turns in order. With
     ``answer_last=False`` the last question is left for the model (a generation prompt); ``reinsert_image``: the
     image again, just before the last question (the history regime's oracle: the image as close as it can be);
+    a turn with ``"context": True`` is read but not trained on (``data.collator.assistant_spans``);
     ``reinsert_at``: the image again just before question ``reinsert_at`` (1 .. len(turns) - 1) instead."""
     if reinsert_image and reinsert_at is not None:
         raise ValueError("give reinsert_image or reinsert_at, not both")
@@ -263,6 +273,8 @@ def chat_sample(turns: list[dict], image, scene_id: str | None = None, answer_la
             messages.append({"role": "user", "content": parts})
         if answer_last or j < len(turns) - 1:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": t["answer"]}]})
+            if t.get("context"):
+                messages[-1]["context"] = True
     images = [image, image] if at is not None else [image]
     return Sample(messages, images, scene_id)
 
