@@ -35,6 +35,12 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert pvm["comparison"]["base"]["late_rel_change"] in (0.0, None)
     assert set(pvm["training"]["pvm_sft"]["after"]) == set(pvm["training"]["pvm_grpo"]["after"])
     assert pvm["training"]["lora"]["lora_parameters"] > 0 and "PVM: the arms" in html
+    # every arm is also scored after its own description, with the oracle beside it, and plotted
+    for arm in pvm["arms"].values():
+        ad = arm["after_description"]
+        assert {"none", "description", "oracle", "drop", "recovery"} <= set(ad) and ad["description"]["n"] > 0
+    assert (out / "pvm_text_regimes.png").is_file() and "accuracy as text grows, per arm" in html
+    assert "| its own description (" in (out / "results.md").read_text()
     # the bridge arms: MLP and LIA-MTR after each phase, the write gate probed
     bridge = saved["bridge"]
     assert list(bridge["arms"]) == ["mlp_phase1", "lia_mtr_phase1", "mlp_phase2", "lia_mtr_phase2"]

@@ -268,3 +268,31 @@ def test_claims_name_the_profile_that_produced_them():
     assert len(demo) == 2 and set(demo) == {"keepsight demo --profile extended"}
     full = {r["command"] for r in claims_table({**res, "profile": "full"}) if not r["command"].startswith("pytest")}
     assert full == {"keepsight demo"}
+
+
+def test_description_regime_claims_from_one_seed_and_from_several():
+    from keepsight.experiments.aggregate import aggregate
+    from keepsight.report.claims import claims_table
+
+    def seed(drop, recovery, base_acc, pvm_acc):
+        ad = {"none": {"acc": 0.85}, "description": {"acc": 0.85 - drop}, "oracle": {"acc": 0.85 - drop + recovery},
+              "drop": {"diff": drop, "low": drop - 0.07, "high": drop + 0.07},
+              "recovery": {"diff": recovery, "low": recovery - 0.07, "high": recovery + 0.07},
+              "recovered_share": recovery / drop}
+        cmp = {arm: {"description_regime_acc": acc} for arm, acc in (("base", base_acc), ("pvm_grpo", pvm_acc))}
+        return {"base": {"after_description": ad}, "pvm": {"comparison": cmp, "paper": {"long_rel": 0.273, "short_rel": 0.061}}}
+
+    one = seed(0.2, 0.05, 0.65, 0.66)
+    rows = {r["claim"].split(" (")[0]: r for r in claims_table(one)}
+    premise = rows["Premise: a visual answer degrades after the model's own description"]
+    assert premise["ours"] == "+0.200 [+0.130, +0.270] (one seed)" and premise["verdict"] == "no verdict (one seed)"
+    claim = "PVM (SFT + GRPO) improves a visual answer after the model's own description"
+    pvm = {r["claim"]: r for r in claims_table(one)}[claim]
+    assert pvm["ours"] == "0.660 vs base 0.650" and pvm["verdict"] == "no verdict (one seed)"
+    seeds = [seed(0.20, 0.05, 0.65, 0.75), seed(0.21, -0.04, 0.66, 0.76), seed(0.19, 0.00, 0.64, 0.74)]
+    res = {**seeds[0], "aggregate": aggregate(seeds)}
+    rows = {r["claim"].split(" (")[0]: r for r in claims_table(res)}
+    assert rows["Premise: a visual answer degrades after the model's own description"]["verdict"] == "reproduced"
+    limited = rows["Premise: access to the image limits that regime"]
+    assert limited["verdict"] == "not reproduced (interval includes 0)" and limited["ours"].startswith("0.003 [")
+    assert {r["claim"]: r for r in claims_table(res)}[claim]["verdict"] == "reproduced (higher)"

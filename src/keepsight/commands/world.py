@@ -163,7 +163,8 @@ def run_eval(args) -> int:
             res["history"] = evaluate_history(model, processor, samples, probe=method is None)
             res["oracle"] = evaluate_history(model, processor, samples, probe=False, reinsert_image=True)
             res["oracle_recovery"] = oracle_recovery(res["oracle"], res["history"])
-            res["after_description"] = evaluate_after_description(model, processor, samples)
+            res["after_description"] = evaluate_after_description(model, processor, samples,
+                                                                  descriptions=res["descriptions"]["texts"])
     if method is not None:
         obj = method.get(baseline)
         res["baseline"] = {"name": baseline, "config": dataclasses.asdict(obj.config), "stats": obj.stats()}

@@ -9,7 +9,8 @@ from ..metrics import mean_ci, separated
 PATHS = {
     "base": ["yes_no.overall_acc", "yes_no.categories.*.acc", "history.by_length.*.acc", "history.by_length.*.omega_v",
              "history.drop.diff", "descriptions.chair.*", "open.*", "diagnosis.slope", "diagnosis.tvr_plateau",
-             "diagnosis.convergence_layer_mean"],
+             "diagnosis.convergence_layer_mean", "after_description.*.acc", "after_description.drop.diff",
+             "after_description.recovery.diff", "after_description.recovered_share"],
     "pvm": ["comparison.*.*", "arms.*.history.by_length.*.acc", "oracle.short_acc", "oracle.long_acc", "oracle.drop",
             "oracle.recovered"],
     "bridge": ["arms.*.yes_no.overall_acc", "arms.*.yes_no.categories.*.acc", "arms.*.history.by_length.*.acc",
@@ -21,7 +22,8 @@ PATHS = {
 VERDICTS = {
     "pvm": {"ref": "base", "level": 1, "suffix": "", "metrics": {
         m: f"comparison.{{arm}}.{m}" for m in ("yes_no_acc", "history_short_acc", "history_long_acc", "history_drop",
-                                              "object_recall", "exact_recall", "late_exact_recall")}},
+                                              "description_regime_acc", "object_recall", "exact_recall",
+                                              "late_exact_recall")}},
     "bridge": {"ref": "mlp_phase2", "level": 1, "suffix": "_phase2", "metrics": {
         "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "existence": "arms.{arm}.yes_no.categories.existence.acc",
         "scene": "arms.{arm}.yes_no.categories.scene.acc", "colour": "arms.{arm}.yes_no.categories.colour.acc",

@@ -12,6 +12,7 @@ from ..world.config import WorldConfig
 from ..world.diagnose import diagnose
 from ..world.evaluate import (
     HISTORY_LENGTHS,
+    evaluate_after_description,
     evaluate_descriptions,
     evaluate_history,
     evaluate_open,
@@ -48,8 +49,9 @@ class ExperimentContext:
 
 def evaluate_arm(model, processor, sets: EvalSets, log=print, decoding_method: bool = False) -> dict:
     """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, the
-    attention / TVR / LogitLens diagnosis, and the multi-turn dilution regime (accuracy of a fixed visual
-    question after 0 .. 15 turns of history). Description texts are dropped from the result, except a few.
+    attention / TVR / LogitLens diagnosis, the multi-turn dilution regime (accuracy of a fixed visual
+    question after 0 .. 15 turns of history) and the generated-text regime (the same question after the arm's own
+    description, and with the image shown again before it: ``evaluate_after_description``). Description texts are dropped from the result, except a few.
     ``decoding_method``: a decoding-time method is active (``keepsight.baselines``): yes/no answers are decoded
     (left padding) and the attention probes are left out (the diagnosis is None, the history has no Omega_V)."""
     log(f"  yes/no on {len(sets.eval)} scenes")
@@ -67,6 +69,8 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print, decoding_method: b
         diag = diagnose(model, processor, sets.diagnosis)
     log(f"  a visual question after 0 .. {HISTORY_LENGTHS[-1]} turns of history, {len(sets.eval)} scenes")
     history = evaluate_history(model, processor, sets.eval, probe=not decoding_method)
+    log(f"  the same question after the arm's own description, {len(sets.eval)} scenes")
+    after_description = evaluate_after_description(model, processor, sets.eval, descriptions=desc["texts"])
     return {
         "yes_no": yn,
         "open": open_acc,
@@ -75,6 +79,7 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print, decoding_method: b
                      "early_late": early_late(dil["texts"], sets.dilution.scenes, max(1, k // 2))},
         "diagnosis": diag,
         "history": history,
+        "after_description": after_description,
         "texts": desc["texts"][:6],
     }
 

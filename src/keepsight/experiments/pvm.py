@@ -160,7 +160,11 @@ def compare_arms(arms: dict) -> dict:
         short, long = (hist["by_length"][str(h)]["acc"] for h in (hist["lengths"][0], hist["lengths"][-1]))
         b_short, b_long = (base_hist["by_length"][str(h)]["acc"]
                            for h in (base_hist["lengths"][0], base_hist["lengths"][-1]))
+        ad = a.get("after_description")  # absent from results made before the regime existed
         out[name] = {
+            "description_regime_acc": ad["description"]["acc"] if ad else None,
+            "description_regime_drop": ad["drop"]["diff"] if ad else None,
+            "description_regime_oracle_acc": ad["oracle"]["acc"] if ad else None,
             "history_short_acc": short, "history_long_acc": long, "history_drop": hist["drop"]["diff"],
             "history_short_rel_change": relative_change(short, b_short),
             "history_long_rel_change": relative_change(long, b_long),

@@ -83,6 +83,47 @@ def plot_panels(panels: list[dict], path: str | Path, title: str = "") -> Path:
     return _save(fig, Path(path))
 
 
+def plot_text_regimes(arms: dict[str, dict], path: str | Path, oracle_history: dict | None = None,
+                      title: str = "") -> Path:
+    """Accuracy of a visual question as text grows, one line per arm with its 95% interval. Left: after h turns of
+    history (``arm["history"]["by_length"]``; ``oracle_history``: the base with the image again, dashed). Right: with
+    no text, after the arm's own description, and after it with the image shown again (``arm["after_description"]``
+    when present)."""
+    desc = {a: v["after_description"] for a, v in arms.items() if v.get("after_description")}
+    fig, axes = plt.subplots(1, 2 if desc else 1, figsize=(10.0 if desc else 5.6, 3.6), dpi=110, squeeze=False)
+    ax = axes[0][0]
+    lines = dict(arms) | ({"base, image again (oracle)": {"history": oracle_history}} if oracle_history else {})
+    for name, v in lines.items():
+        by = v["history"]["by_length"]
+        hs = sorted(int(h) for h in by)
+        acc = [by[str(h)]["acc"] for h in hs]
+        err = [[a - by[str(h)].get("low", a) for h, a in zip(hs, acc)], [by[str(h)].get("high", a) - a
+                                                                        for h, a in zip(hs, acc)]]
+        ax.errorbar(hs, acc, yerr=err, marker="o", capsize=2, label=name,
+                    linestyle="--" if name.endswith("(oracle)") else "-")
+    ax.set_xlabel("turns of history before the question")
+    ax.set_ylabel("accuracy (95% interval)")
+    ax.set_title("after question turns", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    if desc:
+        ax = axes[0][1]
+        steps = ("none", "description", "oracle")
+        for k, (name, d) in enumerate(desc.items()):
+            xs = [i + 0.08 * (k - (len(desc) - 1) / 2) for i in range(len(steps))]
+            acc = [d[s]["acc"] for s in steps]
+            err = [[a - d[s]["low"] for s, a in zip(steps, acc)], [d[s]["high"] - a for s, a in zip(steps, acc)]]
+            ax.errorbar(xs, acc, yerr=err, marker="o", capsize=2, label=name)
+        ax.set_xticks(range(len(steps)), ["no text", "after its description", "+ the image again"], fontsize=8)
+        ax.set_ylabel("accuracy (95% interval)")
+        ax.set_title("after the model's own description", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, Path(path))
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path)

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from .html import fmt, img_tag, table
-from .plots import plot_arms_by_index
+from .plots import plot_arms_by_index, plot_text_regimes
 
 LABELS = {"base": "base", "pvm_sft": "+ PVM (stage 1 SFT)", "lora": "+ LoRA (matched control)",
           "pvm_grpo": "+ PVM (SFT + GRPO)", "full_ft": "full fine-tuning (reference)"}
 HEADLINE = (
     ("visual question, no history", "history_short_acc"), ("visual question after the longest history",
                                                              "history_long_acc"),
-    ("drop, shortest -> longest history", "history_drop"), ("no history: rel. change vs base", "history_short_rel_change"),
+    ("drop, shortest -> longest history", "history_drop"),
+    ("visual question after its own description", "description_regime_acc"),
+    ("drop, no text -> after its own description", "description_regime_drop"),
+    ("after its description, image shown again (oracle)", "description_regime_oracle_acc"), ("no history: rel. change vs base", "history_short_rel_change"),
     ("longest history: rel. change vs base", "history_long_rel_change"),
     ("yes/no acc", "yes_no_acc"), ("open answers (mean)", "open_mean"), ("CHAIRi", "chair_i"),
     ("hallucination rate", "hallucination_rate"), ("object recall", "object_recall"),
@@ -36,7 +39,7 @@ def _gate_rows(training: dict) -> list[list]:
     return rows
 
 
-def pvm_sections(res: dict, plot: Path) -> list[tuple[str, str]]:
+def pvm_sections(res: dict, plot: Path, text_plot: Path | None = None) -> list[tuple[str, str]]:
     comp, tr, paper = res["comparison"], res["training"], res["paper"]
     arms = list(comp)
     rows = [[label] + [comp[a][key] for a in arms] for label, key in HEADLINE]
@@ -63,8 +66,8 @@ def pvm_sections(res: dict, plot: Path) -> list[tuple[str, str]]:
     return [
         ("PVM: the arms", intro + table(["measure"] + [LABELS[a] for a in arms], rows)
          + img_tag(plot.read_bytes(), "exact accuracy by index per arm")),
-        ("PVM: accuracy of a visual question after h turns of history",
-         table(["arm"] + [f"h = {h}" for h in res["arms"]["base"]["history"]["lengths"]],
+        ("PVM: accuracy of a visual question as text grows",
+         (img_tag(text_plot.read_bytes(), "accuracy as text grows, per arm") if text_plot else "") + table(["arm"] + [f"h = {h}" for h in res["arms"]["base"]["history"]["lengths"]],
                [[LABELS[a]] + [res["arms"][a]["history"]["by_length"][str(h)]["acc"]
                                for h in res["arms"][a]["history"]["lengths"]] for a in arms])),
         ("PVM: yes/no accuracy by category", table(["category"] + [LABELS[a] for a in arms], cat_rows)),
@@ -130,4 +133,8 @@ def pvm_report(res: dict, out_dir: Path) -> list[tuple[str, str]]:
     k = res["arms"]["base"]["dilution"]["n_objects"]
     plot = plot_arms_by_index({a: v["dilution"]["by_index"] for a, v in res["arms"].items()},
                               Path(out_dir) / "pvm_by_index.png", f"exact accuracy by index, {k} objects")
-    return pvm_sections(res, plot)
+    oracle = (res.get("oracle") or {}).get("history")
+    text_plot = plot_text_regimes({LABELS.get(a, a): v for a, v in res["arms"].items()},
+                                  Path(out_dir) / "pvm_text_regimes.png", oracle,
+                                  "a visual yes/no question as text grows, per arm")
+    return pvm_sections(res, plot, text_plot)

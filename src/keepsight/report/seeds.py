@@ -24,6 +24,10 @@ BASE_ROWS = [("yes/no, all", "yes_no.overall_acc"),
              ("visual question, no history", "history.by_length.0.acc"),
              ("visual question after 15 turns", "history.by_length.15.acc"),
              ("drop, 0 -> 15 turns (test-set difference)", "history.drop.diff"),
+             ("visual question after its own description", "after_description.description.acc"),
+             ("drop after its own description", "after_description.drop.diff"),
+             ("the image again after the description (oracle)", "after_description.oracle.acc"),
+             ("oracle's recovery (paired)", "after_description.recovery.diff"),
              ("object recall", "descriptions.chair.object_recall"),
              ("Omega_V log-log slope", "diagnosis.slope"), ("TVR plateau", "diagnosis.tvr_plateau")]
 

@@ -39,6 +39,7 @@ def summary_markdown(results: dict) -> str:
         lines.append(f"| {f.replace('_', ' ')} | " + " | ".join(_f(r[f]) for r in rows) + " |")
     lines.append("")
     lines.append(f"Slope per index step: exact {_f(dil['slope_exact'], 4)}, colour {_f(dil['slope_colour'], 4)}.")
+    lines += _text_regimes(b)
     dg = b.get("diagnosis")
     if dg:
         lines += [
@@ -57,3 +58,30 @@ def summary_markdown(results: dict) -> str:
             f"convergence layer {_f(dg['convergence_layer_mean'])}.",
         ]
     return "\n".join(lines)
+
+
+
+def _ci(d: dict) -> str:
+    return f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def _text_regimes(b: dict) -> list[str]:
+    """The base's visual question as text grows: after question turns, and after its own description with the
+    oracle (the image shown again) beside it; differences paired by scene with 95% bootstrap intervals."""
+    hist, ad = b.get("history"), b.get("after_description")
+    if not hist and not ad:
+        return []
+    lines = ["", "A visual yes/no question as text grows (one per held-out scene; differences paired by scene, 95% "
+             "interval):", "", "| regime | no text | after the text | drop | the image again: recovery |",
+             "| --- | --- | --- | --- | --- |"]
+    if hist:
+        lengths = hist["lengths"]
+        by = hist["by_length"]
+        lines.append(f"| {lengths[-1]} question turns | {_f(by[str(lengths[0])]['acc'], 3)} | "
+                     f"{_f(by[str(lengths[-1])]['acc'], 3)} | {_ci(hist['drop'])} | |")
+    if ad:
+        share = ad.get("recovered_share")
+        lines.append(f"| its own description ({ad['description_words']:.0f} words) | {_f(ad['none']['acc'], 3)} | "
+                     f"{_f(ad['description']['acc'], 3)} | {_ci(ad['drop'])} | {_ci(ad['recovery'])}"
+                     + (f", {share:.2f} of the drop" if share is not None else "") + " |")
+    return lines

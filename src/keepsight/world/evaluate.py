@@ -209,18 +209,23 @@ def _final_hits(model, processor, chats: list, finals: list[dict], batch_size: i
     return hits
 
 
-def evaluate_after_description(model, processor, samples: WorldSamples, seed: int = 0, batch_size: int = 32) -> dict:
+def evaluate_after_description(model, processor, samples: WorldSamples, seed: int = 0, batch_size: int = 32,
+                               descriptions: list[str] | None = None) -> dict:
     """The generated-text regime (the PVM paper's setting: the model's own long text before the answer): each scene's
     probe question (``history_probe``'s final question) asked with no history, after the model's own description of
     the image (one turn: the describe prompt and its greedy description), and after the description with the image
     shown again just before the question (the oracle). Returns ``acc`` (with 95% Wilson interval) and per-scene
     ``hits`` for each of ``none`` / ``description`` / ``oracle``, ``drop`` (none - description, paired by scene, 95%
     bootstrap), ``recovery`` (oracle - description, paired) and ``recovered_share`` (recovery / drop), and the
-    descriptions' mean length in words."""
+    descriptions' mean length in words. ``descriptions``: the model's greedy descriptions of ``samples`` when already
+    made (``evaluate_descriptions``' texts, the same prompt and budget), else they are generated here."""
     config = samples.config
     finals = [history_probe(s, config, 0, seed)[1] for s in samples.scenes]
-    texts = generate_answers(model, processor, [DESCRIBE_PROMPT] * len(samples), samples.images,
-                             description_budget(config.max_objects), batch_size)
+    if descriptions is not None and len(descriptions) != len(samples):
+        raise ValueError(f"{len(descriptions)} descriptions for {len(samples)} scenes")
+    texts = descriptions if descriptions is not None else generate_answers(
+        model, processor, [DESCRIBE_PROMPT] * len(samples), samples.images, description_budget(config.max_objects),
+        batch_size)
     arms = {}
     for name, history, again in (("none", False, False), ("description", True, False), ("oracle", True, True)):
         chats = [chat_sample(([{"question": DESCRIBE_PROMPT, "answer": t}] if history else []) + [f], img, s.id,
