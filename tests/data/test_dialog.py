@@ -9,7 +9,13 @@ import torch
 from keepsight.data import VLMCollator
 from keepsight.metrics import mean_ci, paired_bootstrap, separated, wilson
 from keepsight.world import generate_scenes, world_config
-from keepsight.world.dialog import PROBE_CATEGORIES, conversation, describe_then_ask, history_probe, question_pool
+from keepsight.world.dialog import (
+    PROBE_CATEGORIES,
+    conversation,
+    describe_then_ask,
+    history_probe,
+    question_pool,
+)
 from keepsight.world.evaluate import evaluate_history
 from keepsight.world.models import build_model
 from keepsight.world.tasks import VLMDataset, WorldSamples, chat_sample
@@ -280,7 +286,8 @@ def test_description_regime_claims_from_one_seed_and_from_several():
               "recovery": {"diff": recovery, "low": recovery - 0.07, "high": recovery + 0.07},
               "recovered_share": recovery / drop}
         cmp = {arm: {"description_regime_acc": acc} for arm, acc in (("base", base_acc), ("pvm_grpo", pvm_acc))}
-        return {"base": {"after_description": ad}, "pvm": {"comparison": cmp, "paper": {"long_rel": 0.273, "short_rel": 0.061}}}
+        paper = {"long_rel": 0.273, "short_rel": 0.061}
+        return {"base": {"after_description": ad}, "pvm": {"comparison": cmp, "paper": paper}}
 
     one = seed(0.2, 0.05, 0.65, 0.66)
     rows = {r["claim"].split(" (")[0]: r for r in claims_table(one)}

@@ -51,7 +51,8 @@ def evaluate_arm(model, processor, sets: EvalSets, log=print, decoding_method: b
     """Yes/no by category, open answers, description CHAIR, accuracy by index, early vs late, the
     attention / TVR / LogitLens diagnosis, the multi-turn dilution regime (accuracy of a fixed visual
     question after 0 .. 15 turns of history) and the generated-text regime (the same question after the arm's own
-    description, and with the image shown again before it: ``evaluate_after_description``). Description texts are dropped from the result, except a few.
+    description, and with the image shown again before it: ``evaluate_after_description``). Description texts are
+    dropped from the result, except a few.
     ``decoding_method``: a decoding-time method is active (``keepsight.baselines``): yes/no answers are decoded
     (left padding) and the attention probes are left out (the diagnosis is None, the history has no Omega_V)."""
     log(f"  yes/no on {len(sets.eval)} scenes")

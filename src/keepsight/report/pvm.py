@@ -15,7 +15,8 @@ HEADLINE = (
     ("drop, shortest -> longest history", "history_drop"),
     ("visual question after its own description", "description_regime_acc"),
     ("drop, no text -> after its own description", "description_regime_drop"),
-    ("after its description, image shown again (oracle)", "description_regime_oracle_acc"), ("no history: rel. change vs base", "history_short_rel_change"),
+    ("after its description, image shown again (oracle)", "description_regime_oracle_acc"),
+    ("no history: rel. change vs base", "history_short_rel_change"),
     ("longest history: rel. change vs base", "history_long_rel_change"),
     ("yes/no acc", "yes_no_acc"), ("open answers (mean)", "open_mean"), ("CHAIRi", "chair_i"),
     ("hallucination rate", "hallucination_rate"), ("object recall", "object_recall"),
@@ -67,7 +68,8 @@ def pvm_sections(res: dict, plot: Path, text_plot: Path | None = None) -> list[t
         ("PVM: the arms", intro + table(["measure"] + [LABELS[a] for a in arms], rows)
          + img_tag(plot.read_bytes(), "exact accuracy by index per arm")),
         ("PVM: accuracy of a visual question as text grows",
-         (img_tag(text_plot.read_bytes(), "accuracy as text grows, per arm") if text_plot else "") + table(["arm"] + [f"h = {h}" for h in res["arms"]["base"]["history"]["lengths"]],
+         (img_tag(text_plot.read_bytes(), "accuracy as text grows, per arm") if text_plot else "")
+         + table(["arm"] + [f"h = {h}" for h in res["arms"]["base"]["history"]["lengths"]],
                [[LABELS[a]] + [res["arms"][a]["history"]["by_length"][str(h)]["acc"]
                                for h in res["arms"][a]["history"]["lengths"]] for a in arms])),
         ("PVM: yes/no accuracy by category", table(["category"] + [LABELS[a] for a in arms], cat_rows)),

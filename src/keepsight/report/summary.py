@@ -60,7 +60,6 @@ def summary_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-
 def _ci(d: dict) -> str:
     return f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 

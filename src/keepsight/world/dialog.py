@@ -72,20 +72,22 @@ def describe_then_ask(scene: Scene, config, rng: np.random.Generator, wrong: flo
     the model is never taught to write a wrong description)."""
     if not 0.0 <= wrong <= 1.0:
         raise ValueError(f"wrong must be in [0, 1], got {wrong}")
+    told = scene
     if rng.random() >= wrong:
         pool = [q for q in yes_no_questions(scene, config) if q["category"] in PROBE_CATEGORIES]
         q = pool[int(rng.integers(len(pool)))]
         final = {"question": q["question"], "answer": q["answer"], "kind": q["category"]}
-        return [{"question": DESCRIBE_PROMPT, "answer": description(scene), "kind": "describe", "context": True}, final]
-    k = int(rng.integers(len(scene.objects)))
-    o = scene.objects[k]
-    attr = ("colour", "shape")[int(rng.integers(2))]
-    values = config.colours if attr == "colour" else config.shapes
-    wrong_value = [v for v in values if v != getattr(o, attr)]
-    stated = wrong_value[int(rng.integers(len(wrong_value)))]
-    shown = dataclasses.replace(scene, objects=[dataclasses.replace(o, **{attr: stated}) if j == k else x
-                                                for j, x in enumerate(scene.objects)])
-    asked, answer = (getattr(o, attr), "yes") if rng.random() < 0.5 else (stated, "no")
-    article = "" if attr == "colour" else "a "
-    final = {"question": f"is the object at {place(o.row, o.col)} {article}{asked} ?", "answer": answer, "kind": attr}
-    return [{"question": DESCRIBE_PROMPT, "answer": description(shown), "kind": "describe", "context": True}, final]
+    else:
+        k = int(rng.integers(len(scene.objects)))
+        o = scene.objects[k]
+        attr = ("colour", "shape")[int(rng.integers(2))]
+        values = config.colours if attr == "colour" else config.shapes
+        wrong_value = [v for v in values if v != getattr(o, attr)]
+        stated = wrong_value[int(rng.integers(len(wrong_value)))]
+        told = dataclasses.replace(scene, objects=[dataclasses.replace(o, **{attr: stated}) if j == k else x
+                                                   for j, x in enumerate(scene.objects)])
+        asked, answer = (getattr(o, attr), "yes") if rng.random() < 0.5 else (stated, "no")
+        article = "" if attr == "colour" else "a "
+        final = {"question": f"is the object at {place(o.row, o.col)} {article}{asked} ?", "answer": answer,
+                 "kind": attr}
+    return [{"question": DESCRIBE_PROMPT, "answer": description(told), "kind": "describe", "context": True}, final]

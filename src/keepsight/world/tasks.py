@@ -203,23 +203,13 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.items += [(i, q["question"], q["answer"]) for q in cells]
                 self.categories += ["cells"] * len(cells)
             if "chat" in mix:
-                turns = conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1)))
-                self.chats[len(self.items)] = turns
-                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
-                self.categories.append("chat")
+                self._add_chat(i, conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1))), "chat")
             if "chat_image" in mix:
                 turns = conversation(s, samples.config, rng, int(rng.integers(2, max_turns + 1)))
-                self.reinsert[len(self.items)] = int(rng.integers(1, len(turns)))
-                self.chats[len(self.items)] = turns
-                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
-                self.categories.append("chat_image")
+                self._add_chat(i, turns, "chat_image", int(rng.integers(1, len(turns))))
             if "describe_ask" in mix:
                 turns = describe_then_ask(s, samples.config, rng)
-                if rng.random() < 0.5:
-                    self.reinsert[len(self.items)] = 1
-                self.chats[len(self.items)] = turns
-                self.items.append((i, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
-                self.categories.append("describe_ask")
+                self._add_chat(i, turns, "describe_ask", 1 if rng.random() < 0.5 else None)
             if "count_yes_no" in mix:
                 qs = count_questions(s, samples.config)
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
@@ -233,6 +223,14 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.categories += ["describe_varied"] * describe_repeats
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
+
+    def _add_chat(self, scene: int, turns: list[dict], category: str, reinsert_at: int | None = None) -> None:
+        """One conversation item of scene index ``scene`` (its image shown again before turn ``reinsert_at``)."""
+        if reinsert_at is not None:
+            self.reinsert[len(self.items)] = reinsert_at
+        self.chats[len(self.items)] = turns
+        self.items.append((scene, " ".join(t["question"] for t in turns), " ".join(t["answer"] for t in turns)))
+        self.categories.append(category)
 
     def __len__(self) -> int:
         return len(self.items)
