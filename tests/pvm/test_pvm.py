@@ -34,6 +34,10 @@ def test_strided_layers_and_config_errors():
         PVMConfig(heads=2, gate="channel")
     with pytest.raises(ValueError, match="expander_init applies only to variant released"):
         PVMConfig(variant="branch", expander_init="zero")
+    with pytest.raises(ValueError, match="output_norm applies only to variant released"):
+        PVMConfig(variant="branch", output_norm=False)
+    with pytest.raises(ValueError, match="output_norm must be true or false"):
+        PVMConfig(output_norm="no")
     with pytest.raises(ValueError, match="layers: layer 9 is out of range for a model with 4 decoder layers"):
         PVMConfig(layers=[1, 9]).resolve_layers(4)
     with pytest.raises(ValueError, match="layers must be 'strided'"):

@@ -60,7 +60,10 @@ def released_reference(block: PVMMemoryBlock, h, V, visual_mask, text_mask):
         mlp = (torch.nn.functional.silu(x @ W["mlp.gate_proj.weight"].T) * (x @ W["mlp.up_proj.weight"].T)) \
             @ W["mlp.down_proj.weight"].T
         m = m_raw + mlp
-        out[b] = W["gate_alpha"] * _rms(m @ W["output_expander.weight"].T, eps) * text_mask[b].double()[:, None]
+        expanded = m @ W["output_expander.weight"].T  # [T, d]
+        if block.output_norm:
+            expanded = _rms(expanded, eps)
+        out[b] = W["gate_alpha"] * expanded * text_mask[b].double()[:, None]
     return out
 
 
@@ -70,11 +73,14 @@ def _text_config(**kw):
     return Qwen3Config(**{**base, **kw})
 
 
+@pytest.mark.parametrize("output_norm", [True, False])
 @pytest.mark.parametrize("kv_heads", [8, 2, 1])
 @pytest.mark.parametrize("p", [16, 32])
-def test_block_equals_the_released_equations(kv_heads, p):
+def test_block_equals_the_released_equations(kv_heads, p, output_norm):
+    """The released equations; ``output_norm=False`` (the ablation) is the same block without the output norm."""
     torch.manual_seed(p + kv_heads)
-    block = PVMMemoryBlock(_text_config(num_key_value_heads=kv_heads), PVMConfig(pvm_hidden_size=p)).double()
+    block = PVMMemoryBlock(_text_config(num_key_value_heads=kv_heads),
+                           PVMConfig(pvm_hidden_size=p, output_norm=output_norm)).double()
     with torch.no_grad():
         block.gate_alpha.fill_(0.7)
         for norm in (block.input_norm, block.post_attn_norm, block.cross_attn.q_norm, block.cross_attn.k_norm):
@@ -345,3 +351,10 @@ def test_convert_between_adapter_files_and_the_released_layout(tmp_path):
     save_pvm(branch, tmp_path / "branch")
     assert main(["pvm", "convert", "--model", str(base), "--pvm", str(tmp_path / "branch"), "--out",
                  str(tmp_path / "r2")]) == 2
+    # nor can the ablation without the output norm (the released block always normalises)
+    ablation, _ = load_checkpoint(base, dtype="float32", device="cpu")
+    attach_pvm(ablation, PVMConfig(layers=[1], output_norm=False))
+    save_pvm(ablation, tmp_path / "ablation")
+    assert main(["pvm", "convert", "--model", str(base), "--pvm", str(tmp_path / "ablation"), "--out",
+                 str(tmp_path / "r3")]) == 2
+    assert not (tmp_path / "r3").exists()

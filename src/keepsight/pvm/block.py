@@ -9,12 +9,14 @@
     out = gate_alpha * rmsnorm(output_expander m) * (1 - visual query)       affine-free RMSNorm, [B, T, d]
 
 ``out`` is added to the FFN's output. Parameter names are the release's (``text_reducer``, ``cross_attn.q_proj``,
-``gate_alpha``, ...), so its checkpoint layout maps one to one. Two departures, both documented choices:
+``gate_alpha``, ...), so its checkpoint layout maps one to one. Two departures, both documented choices, and one named ablation:
 
 - initialisation: the released file zeroes both ``output_expander`` and ``gate_alpha``, so neither gets a gradient
   (a dead branch). Here the expander starts at the backbone's initialisation (normal, ``initializer_range``) and the
   gate at 0: the model starts as the base and the gate has a gradient. ``expander_init="zero"`` rebuilds the
   released construction (to show the trap; tested).
+- ``output_norm=False`` (an ablation, not the default) drops the RMSNorm on the expander's output: with the norm the
+  update's RMS is the gate's whatever was retrieved; without it, its size follows the retrieval.
 - numerics: the parameters are kept in fp32 (master weights) whatever the backbone's dtype; the block computes in
   its parameters' dtype and returns the backbone's.
 """
@@ -129,7 +131,7 @@ class PVMMemoryBlock(nn.Module):
         kv = getattr(text_config, "num_key_value_heads", None) or heads
         eps = getattr(text_config, "rms_norm_eps", 1e-6)
         p = config.resolve_pvm_hidden_size(d, head_dim)
-        self.hidden, self.pvm_hidden_size, self.eps = d, p, eps
+        self.hidden, self.pvm_hidden_size, self.eps, self.output_norm = d, p, eps, config.output_norm
         self.text_reducer = nn.Linear(d, p, bias=False)
         self.vision_reducer = nn.Linear(d, p, bias=False)
         self.output_expander = nn.Linear(p, d, bias=False)
@@ -166,7 +168,8 @@ class PVMMemoryBlock(nn.Module):
         q_lat = self.input_norm(self.text_reducer(query.to(dtype)))  # [B, T, p]
         m_raw, weights = self.cross_attn(q_lat, keys, values, visual_mask)  # [B, T, p]
         m = m_raw + self.mlp(self.post_attn_norm(m_raw))  # [B, T, p]
-        out = self.gate_alpha * rms_norm(self.output_expander(m), self.eps)  # [B, T, d]
+        out = self.output_expander(m)  # [B, T, d]
+        out = self.gate_alpha * (rms_norm(out, self.eps) if self.output_norm else out)
         keep = text_mask.to(dtype)[..., None] * visual_mask.any(-1).to(dtype)[:, None, None]  # [B, T, 1]
         out = (out * keep).to(query.dtype)
         return (out, weights) if return_weights else out

@@ -26,7 +26,7 @@ RELEASED_LAYERS = {"Qwen3-VL-8B": [8, 16, 24], "Qwen3-VL-4B": [5, 11, 17]}  # th
 # fields that only one variant reads, with their defaults (set to anything else on the other variant: an error)
 _BRANCH_ONLY = {"heads": 1, "shared_down": True, "gate": "scalar", "normalize_v": "none", "key_proj": False,
                 "temperature": 1.0}
-_RELEASED_ONLY = {"expander_init": "backbone"}
+_RELEASED_ONLY = {"expander_init": "backbone", "output_norm": True}
 
 
 @dataclass
@@ -47,6 +47,8 @@ class PVMConfig:
     # released variant
     expander_init: str = "backbone"  # "backbone": normal(initializer_range), gate 0 (identity, trainable);
     #                                  "zero": the released file's zero expander (identity, but no gradient at all)
+    output_norm: bool = True  # the released affine-free RMSNorm on the expander's output; False: an ablation (the
+    #                           update's size then follows the retrieval, not only the gate; not in the release)
     # branch variant (our reading of what the paper leaves open)
     heads: int = 1  # d' split into heads for the latent retrieval
     shared_down: bool = True  # one W_down for text queries and visual keys/values (paper); False = separate
@@ -75,7 +77,7 @@ class PVMConfig:
             raise ValueError(f"pvm_hidden_size {self.pvm_hidden_size} must be divisible by heads {self.heads}")
         if self.gate not in ("scalar", "channel"):
             raise ValueError(f"gate must be 'scalar' or 'channel', got {self.gate!r}")
-        for name in ("shared_down", "silence_visual", "key_proj", "cache_visual"):
+        for name in ("shared_down", "silence_visual", "key_proj", "cache_visual", "output_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         number("dropout", self.dropout, 0.0, 1.0, open_high=True)

@@ -106,6 +106,9 @@ def save_released(model: torch.nn.Module, directory: str | os.PathLike, processo
     if st.config.variant != "released":
         raise ValueError(f"the released layout holds the released block; this model carries variant "
                          f"{st.config.variant!r} (save it as an adapter with save_pvm)")
+    if not st.config.output_norm:
+        raise ValueError("the released layout's block normalises its output; this model carries output_norm=False "
+                         "(an ablation: save it as an adapter with save_pvm)")
     sizes = {block.pvm_hidden_size for block in model.pvm.values()}
     decoder = arch_info(model).spec.decoder
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(PREFIX)}
