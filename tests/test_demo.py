@@ -52,10 +52,13 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert len(diff["prior_cosine"]["none"]) == 4 and "Diffusion: methods x steps" in html
     # PVM's mechanism control: the arms scored with the image withheld, each with its interval, and a verdict
     control = saved["control"]
-    assert list(control["arms"]) == ["base_with_image", "base", "pvm_sft", "lora"]
+    assert list(control["arms"]) == ["base_with_image", "base", "pvm_sft", "pvm_sft_no_output_norm", "lora"]
     assert control["arms"]["base_with_image"]["all"]["acc"] == base["yes_no"]["overall_acc"]
     assert all(v["low"] <= v["acc"] <= v["high"] for arm in control["arms"].values() for v in arm.values())
-    assert set(control["verdict"]) == {"pvm_sft", "lora"} and "PVM mechanism control" in html
+    assert set(control["verdict"]) == {"pvm_sft", "pvm_sft_no_output_norm", "lora"} and "PVM mechanism control" in html
+    # the ablation arm: its own adapter, the block without its output norm
+    ablated = json.loads((tmp_path / control["adapters"]["pvm_sft_no_output_norm"] / "pvm_config.json").read_text())
+    assert ablated["pvm"]["output_norm"] is False and control["adapters"]["pvm_sft"] != control["adapters"]["pvm_sft_no_output_norm"]
     assert list(control["open"]) == list(control["arms"])  # the open-answer lens, the same arms
     assert {k: v["acc"] for k, v in control["open"]["base_with_image"].items()} == base["open"]
     # second run (base only): the model is reused from the cache (keyed by config + data), only evaluation runs

@@ -47,7 +47,7 @@ from .train.finetune import FinetuneConfig
 from .train.lora_control import LoRATrainConfig
 from .train.pvm_grpo import GRPOTrainConfig
 from .train.pvm_sft import PVMTrainConfig
-from .world.base import BASE_RECIPE, StageConfig, TrainConfig, train_base
+from .world.base import BASE_RECIPE, GROUNDED_RECIPE, StageConfig, TrainConfig, train_base
 from .world.config import WorldConfig, world_config
 from .world.dataset import generate_scenes
 from .world.render import png_bytes
@@ -124,7 +124,8 @@ PROFILES = {
                                       beam_arms={"opera": BEAM_ARMS["opera"]}, beam_scenes=2,
                                       pvm=PVMExperiment(sft=PVMTrainConfig(steps=8, save_every=1000)),
                                       timing_scenes=2, timing_repeats=1),
-        control=PVMControl(sft=PVMTrainConfig(steps=8, save_every=1000), lora=LoRATrainConfig(steps=8, save_every=1000)),
+        control=PVMControl(sft=PVMTrainConfig(steps=8, save_every=1000), lora=LoRATrainConfig(steps=8, save_every=1000),
+                           ablations={"pvm_sft_no_output_norm": {"output_norm": False}}),
     ),
     # the default (`keepsight demo`, about 30 minutes on 2 cores): the base, its dilution diagnosis and
     # multi-turn regime, the PVM arms (with the LoRA control and full fine-tuning), the diffusion methods
@@ -173,6 +174,12 @@ PROFILES = {
     # the matched LoRA trained with the image withheld from the language model, scored the same way
     "control": DemoProfile(name="control", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
                            control=PVMControl(pvm=PVM_BLOCK, sft=PVM_SFT)),
+    # `--profile control-grounded`: the same control on the grounded recipe's base, 3 seeds, with the released block and
+    # the block without its output norm (an ablation) beside the LoRA; each arm's yes/no against the text-only level
+    "control-grounded": DemoProfile(name="control-grounded", n_train=4000, n_eval=200, n_dilution=150,
+                                    train=GROUNDED_RECIPE, seeds=(0, 1, 2),
+                                    control=PVMControl(pvm=PVM_BLOCK, sft=PVM_SFT,
+                                                       ablations={"pvm_sft_no_output_norm": {"output_norm": False}})),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(

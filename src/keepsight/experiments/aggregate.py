@@ -16,6 +16,7 @@ PATHS = {
     "bridge": ["arms.*.yes_no.overall_acc", "arms.*.yes_no.categories.*.acc", "arms.*.history.by_length.*.acc",
                "arms.*.history.drop.diff", "arms.*.descriptions.chair.object_recall",
                "arms.*.descriptions.chair.exact_recall", "write_gate.*.gate_mean", "write_gate.*.gate_std"],
+    "control": ["arms.*.*.acc", "open.*.*.acc", "verdict.*.gain"],
 }
 # experiment -> the reference arm, which arms to compare with it (their names sit at position ``level`` of the
 # paths, those ending in ``suffix``), and metric -> path template: each compared arm gets a verdict per metric
@@ -28,6 +29,8 @@ VERDICTS = {
         "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "existence": "arms.{arm}.yes_no.categories.existence.acc",
         "scene": "arms.{arm}.yes_no.categories.scene.acc", "colour": "arms.{arm}.yes_no.categories.colour.acc",
         "object_recall": "arms.{arm}.descriptions.chair.object_recall"}},
+    # the image withheld: each arm's yes/no against the base's text-only level
+    "control": {"ref": "base", "level": 1, "suffix": "", "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},
 }
 
 

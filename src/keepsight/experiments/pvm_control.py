@@ -7,11 +7,14 @@ trained the same way (it has no path to the image). If PVM's block can read the 
 text-only level (Wilson intervals apart) and the LoRA's does not; if it cannot, the block or its training is broken.
 The base with the image is shown beside them as the ceiling. Open answers (exact match, one question of each kind
 per scene) are the second lens: they show whether the memory is read even where the yes/no answer does not move.
+``ablations`` adds PVM arms trained and scored the same way with some block settings changed (e.g. the released
+block without its output norm, ``{"pvm_sft_no_output_norm": {"output_norm": False}}``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,9 +36,29 @@ class PVMControl:
     pvm: PVMConfig = field(default_factory=PVMConfig)
     sft: PVMTrainConfig = field(default_factory=lambda: PVMTrainConfig(warmup_ratio=0.1))
     lora: LoRATrainConfig = field(default_factory=LoRATrainConfig)
+    # arm name -> PVMConfig fields that differ from ``pvm``: more PVM stage-1 arms, trained and scored the same way
+    ablations: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for arm, overrides in self.ablations.items():
+            if not isinstance(arm, str) or arm in ARMS or not re.fullmatch(r"[a-z0-9_]+", arm):
+                raise ValueError(f"PVM control ablation {arm!r}: expected a new arm name (lower case, digits, _), "
+                                 f"not one of {ARMS}")
+            if not isinstance(overrides, dict) or not overrides:
+                raise ValueError(f"PVM control ablation {arm!r}: expected the PVMConfig fields it changes "
+                                 f"({{field: value}}), got {overrides!r}")
+            self.ablated(arm)  # names an unknown PVMConfig field or an invalid value: an error now, not after training
+
+    def ablated(self, arm: str) -> PVMConfig:
+        """The block of ablation ``arm``: ``pvm`` with that arm's fields replaced."""
+        try:
+            return dataclasses.replace(self.pvm, **self.ablations[arm])
+        except TypeError as e:
+            raise ValueError(f"PVM control ablation {arm!r}: {e}") from None
 
     def to_dict(self) -> dict:
-        return {"pvm": self.pvm.to_dict(), "sft": dataclasses.asdict(self.sft), "lora": dataclasses.asdict(self.lora)}
+        return {"pvm": self.pvm.to_dict(), "sft": dataclasses.asdict(self.sft), "lora": dataclasses.asdict(self.lora),
+                **({"ablations": self.ablations} if self.ablations else {})}
 
 
 def _rate(acc: float, n: int) -> dict:
@@ -62,30 +85,37 @@ def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
     sft_cfg = dataclasses.replace(exp.sft, withhold_image=True)
     lora_cfg = dataclasses.replace(exp.lora, withhold_image=True)
     cache = Path(f"{model_dir}-pvm")
-    sft_dir = cache / f"control-sft-{digest([exp.pvm.to_dict(), dataclasses.asdict(sft_cfg)], 12)}"
     lora_dir = cache / f"control-lora-{digest([exp.pvm.to_dict(), dataclasses.asdict(lora_cfg)], 12)}"
     train = ctx.scenes()
 
     def data(seed: int):
         return tc.instruct_mix(train, seed)
 
-    log(f"PVM control: stage 1 with the image withheld ({sft_cfg.steps} steps) -> {sft_dir}")
-    sft = train_pvm_sft(model_dir, data(sft_cfg.seed), sft_dir, exp.pvm, sft_cfg, progress=False)
+    pvm_arms = {"pvm_sft": exp.pvm, **{arm: exp.ablated(arm) for arm in exp.ablations}}
+    pvm_dirs, gates = {}, {}
+    for arm, block in pvm_arms.items():
+        pvm_dirs[arm] = cache / f"control-sft-{digest([block.to_dict(), dataclasses.asdict(sft_cfg)], 12)}"
+        log(f"PVM control: {arm}, stage 1 with the image withheld ({sft_cfg.steps} steps) -> {pvm_dirs[arm]}")
+        sft = train_pvm_sft(model_dir, data(sft_cfg.seed), pvm_dirs[arm], block, sft_cfg, progress=False)
+        gates[arm] = sft.get("after") if sft else None
     log(f"PVM control: the LoRA with the image withheld ({lora_cfg.steps} steps) -> {lora_dir}")
     train_lora_control(model_dir, data(lora_cfg.seed), lora_dir, exp.pvm, lora_cfg, progress=False)
     n = len(ctx.sets.eval)
     arms = {"base_with_image": _scores(ctx.base["yes_no"])}
     open_arms = {"base_with_image": _open_scores(ctx.base["open"], n)}
-    attach = {"base": lambda m: m, "pvm_sft": lambda m: load_pvm(m, sft_dir), "lora": lambda m: apply_lora(m, lora_dir)}
+    attach = {"base": lambda m: m, **{arm: (lambda m, d=d: load_pvm(m, d)) for arm, d in pvm_dirs.items()},
+              "lora": lambda m: apply_lora(m, lora_dir)}
     for arm, put in attach.items():
         model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
         model = put(model)
-        log(f"PVM control: arm {arm}, the image withheld")
         with image_withheld(model):
             arms[arm] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval)[0])
             open_arms[arm] = _open_scores(evaluate_open(model, processor, ctx.sets.eval), n)
+        a = arms[arm]["all"]
+        log(f"PVM control: arm {arm}, the image withheld: yes/no {a['acc']:.3f} [{a['low']:.3f}, {a['high']:.3f}]")
     text_only = arms["base"]["all"]
     verdict = {arm: {"above_text_only": arms[arm]["all"]["low"] > text_only["high"],
-                     "gain": arms[arm]["all"]["acc"] - text_only["acc"]} for arm in ("pvm_sft", "lora")}
-    return {"config": exp.to_dict(), "adapters": {"pvm_sft": str(sft_dir), "lora": str(lora_dir)},
-            "gates": sft.get("after") if sft else None, "arms": arms, "open": open_arms, "verdict": verdict}
+                     "gain": arms[arm]["all"]["acc"] - text_only["acc"]} for arm in (*pvm_arms, "lora")}
+    return {"config": exp.to_dict(), "adapters": {**{a: str(d) for a, d in pvm_dirs.items()}, "lora": str(lora_dir)},
+            "gates": gates["pvm_sft"], **({"ablation_gates": {a: gates[a] for a in exp.ablations}} if exp.ablations else {}),
+            "arms": arms, "open": open_arms, "verdict": verdict}

@@ -11,11 +11,20 @@ LABELS = {"base_with_image": "base, image seen", "base": "base, image withheld (
           "pvm_sft": "+ PVM stage 1, image withheld", "lora": "+ LoRA (matched), image withheld"}
 
 
-def _rows(scores: dict) -> tuple[list[str], list[list[str]]]:
+def _label(arm: str, res: dict) -> str:
+    """An arm's row label; an ablation arm names the block settings it changed."""
+    ablation = res.get("config", {}).get("ablations", {}).get(arm)
+    if ablation is not None:
+        changed = ", ".join(f"{k}={v}" for k, v in ablation.items())
+        return f"+ PVM stage 1 ({changed}), image withheld"
+    return LABELS.get(arm, arm)
+
+
+def _rows(scores: dict, res: dict) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of one lens: ``scores`` is arm -> column -> {acc, low, high}."""
     arms = list(scores)
     cols = list(scores[arms[0]])
-    rows = [[LABELS.get(a, a)] + [f"{v['acc']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+    rows = [[_label(a, res)] + [f"{v['acc']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
                                   for v in (scores[a][c] for c in cols)] for a in arms]
     return ["arm"] + cols, rows
 
@@ -29,7 +38,7 @@ def _verdict(res: dict) -> str:
     parts = []
     for arm, v in res["verdict"].items():
         word = "above" if v["above_text_only"] else "not above"
-        parts.append(f"{LABELS[arm]}: {v['gain']:+.3f} against the text-only level, {word} it (95% intervals)")
+        parts.append(f"{_label(arm, res)}: {v['gain']:+.3f} against the text-only level, {word} it (95% intervals)")
     return "; ".join(parts) + "."
 
 
@@ -38,12 +47,12 @@ def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, 
              "visual memory. PVM must lift held-out yes/no above the base's text-only level, the LoRA must not. "
              "Accuracy with 95% Wilson intervals; open answers (exact match) beside them.</p>")
     return [("PVM mechanism control: the image only in PVM's memory",
-             intro + table(*_rows(res["arms"])) + f"<p>{_verdict(res)}</p>" + "<p>Open answers:</p>"
-             + table(*_rows(res["open"])))]
+             intro + table(*_rows(res["arms"], res)) + f"<p>{_verdict(res)}</p>" + "<p>Open answers:</p>"
+             + table(*_rows(res["open"], res)))]
 
 
 def control_markdown(res: dict) -> str:
     lines = ["", "PVM mechanism control (the image withheld from the language model, held-out yes/no, 95% intervals):",
-             "", *_md_table(*_rows(res["arms"])), "", _verdict(res), "",
-             "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"]))]
+             "", *_md_table(*_rows(res["arms"], res)), "", _verdict(res), "",
+             "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"], res))]
     return "\n".join(lines)
