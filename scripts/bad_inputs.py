@@ -76,13 +76,15 @@ FLOAT_BAD = {"zero": "0", "neg": "-1", "nan": "nan", "inf": "inf", "huge": "1e12
 
 def numeric(base: str, option: str, kind: str = "int", *, names=(), valid=None, slow=(), legit=(), skip=(),
             values=None, group: str | None = None, **extra) -> list[dict]:
-    """One case per bad value of ``option`` appended to ``base`` (argparse: the last occurrence wins).
+    """One case per bad value of ``option`` appended to ``base`` (an occurrence in ``base`` is taken out first: an
+    option given twice is itself an error).
 
     ``valid``: {label: True | None} for values that are fine (None: either outcome is acceptable);
     ``slow``: labels that would run a long time once accepted (short timeout); ``legit``: labels that are a
     legitimate long run (valid=None; still running after LEGIT_AFTER s means accepted)."""
     values = values or (INT_BAD if kind == "int" else FLOAT_BAD)
     group = group or "-".join(base.split()[:1 if base.startswith(("diagnose", "bench")) else 2])
+    base = re.sub(rf"\s{re.escape(option)}\s+\S+", "", base)
     cases = []
     for label, value in values.items():
         if label in skip:

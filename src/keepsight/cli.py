@@ -20,7 +20,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add_parser(sub)
+    _once(p)
     return p
+
+
+# actions that take one value (or a flag): given twice, argparse would keep the last without a word
+_SINGLE = (argparse._StoreAction, argparse._StoreConstAction, argparse.BooleanOptionalAction)
+_GIVEN = "_keepsight_given"
+
+
+def _once(parser: argparse.ArgumentParser) -> None:
+    """Make every single-valued option of ``parser`` and its subcommands an error when given twice (``--vcd.alpha
+    nan --vcd.alpha 1``, ``--pai.amplify_prefill --no-pai.amplify_prefill``): which one was meant is not ours to
+    guess. Repeatable options (append / extend / count) are left as they are."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                _once(child)
+        elif action.option_strings and isinstance(action, _SINGLE) and not isinstance(action, _Once):
+            action.__class__ = type(f"Once{type(action).__name__}", (_Once, type(action)), {})
+
+
+class _Once:
+    """Mixed into an action: records its ``dest`` on the namespace and refuses a second occurrence."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, _GIVEN, None)
+        if given is None:
+            given = {}
+            setattr(namespace, _GIVEN, given)
+        if self.dest in given:
+            parser.error(f"{option_string} given twice (first as {given[self.dest]}); give it once")
+        given[self.dest] = option_string
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _terminate(signum, frame):  # a signal ends the command like an error: every partial output is cleaned up
@@ -29,6 +61,8 @@ def _terminate(signum, frame):  # a signal ends the command like an error: every
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, _GIVEN):
+        delattr(args, _GIVEN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(sig, _terminate)

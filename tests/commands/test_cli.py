@@ -131,5 +131,5 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeyp
         assert "CUDA is not available" in capsys.readouterr().err
         assert main(["world", "eval", *common, "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
-    assert main(["world", "eval", *common, "--model", str(tmp_path)]) == 2  # no config.json
+    assert main(["world", "eval", "--model", str(tmp_path), *common[2:]]) == 2  # no config.json
     assert "config.json is missing" in capsys.readouterr().err

@@ -66,6 +66,9 @@ class MemVRConfig:
         for name in ("start_layer", "end_layer"):
             if getattr(self, name) is not None:
                 setattr(self, name, number(name, getattr(self, name), low=0, integer=True))
+        if self.start_layer is not None and self.end_layer is not None and self.end_layer <= self.start_layer + 1:
+            raise ValueError(f"start_layer {self.start_layer} and end_layer {self.end_layer} leave no layer to probe "
+                             "(start < l < end): MemVR would never act")
 
 
 def default_window(n_layers: int) -> tuple[int, int]:
@@ -171,6 +174,9 @@ class MemVR(Baseline):
         if end > n:
             raise ValueError(f"end_layer {end} is out of range for a model with {n} decoder layers")
         probed = [i for i in range(start + 1, end) if i + 1 < n]  # start < l < end, with a layer after it
+        if not probed:
+            raise ValueError(f"memvr: start_layer {start} and end_layer {end} leave no layer to probe on a model with "
+                             f"{n} decoder layers (start < l < end, with a layer after it): it would never act")
         # memory: per row the image tokens' input embeddings [Nv_r, d]; real: [B, T_total] the unpadded positions
         state: dict = {"ids": None, "memory": None, "real": None, "inject": None}
         self._stats.extra.update(triggered=0, layers={}, window=[start, end])

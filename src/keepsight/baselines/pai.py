@@ -130,6 +130,11 @@ class PAI(Baseline):
         n = len(info.layers)
         self.layers = set(layer_indices("layers", self.config.layers if self.config.layers is not None
                                       else range(min(2, n - 1), n), n))
+        vocab = model.get_input_embeddings().num_embeddings
+        outside = sorted(i for i in self.config.drop_token_ids if not 0 <= int(i) < vocab)
+        if outside:
+            raise ValueError(f"pai: drop_token_ids {outside} are outside the model's vocabulary ({vocab} tokens): "
+                             "they would drop nothing")
         drop = {info.image_token_id, *self.config.drop_token_ids}
         for name in info.spec.image_markers:  # the tokens the row names around each image (Qwen-VL's vision start / end)
             value = getattr(model.config, name, None)

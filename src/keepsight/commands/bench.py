@@ -12,12 +12,22 @@ KIND = "bench"
 
 NEW_TOKENS, ROWS, MEM_LIMIT_GIB = 128, 100_000, 16.0  # the defaults of --new-tokens, --rows, --mem-limit-gib
 
+
+
+def _new_tokens(a, limit: int) -> int:
+    """--new-tokens for a benchmark that measures at most ``limit`` (its tiny models' positions): the default is the
+    limit; more is refused, not quietly cut."""
+    if a.new_tokens is not None and a.new_tokens > limit:
+        raise ValueError(f"--new-tokens {a.new_tokens}: bench {a.name} measures at most {limit} new tokens")
+    return a.new_tokens or min(NEW_TOKENS, limit)
+
+
 # name -> (the options it takes, run(args)); any other option given is refused
 BENCHMARKS = {
     "probe-overhead": (("batch", "new_tokens", "repeats"), lambda a: probe_overhead.run(
         a.out, batch=a.batch or 8, new_tokens=a.new_tokens or NEW_TOKENS, repeats=a.repeats or 3)),
     "pvm-decode": (("batch", "new_tokens", "repeats"), lambda a: pvm_decode.run(
-        a.out, batches=a.batch or (1, 4, 8), new_tokens=min(a.new_tokens or NEW_TOKENS, 16), repeats=a.repeats or 5)),
+        a.out, batches=a.batch or (1, 4, 8), new_tokens=_new_tokens(a, 16), repeats=a.repeats or 5)),
     "bridge-memory": (("mem_limit_gib",), lambda a: bridge_memory.run(a.out, mem_limit_gib=a.mem_limit_gib or
                                                                        MEM_LIMIT_GIB)),
     "needle": ((), lambda a: needle.run(a.out)),
@@ -26,7 +36,7 @@ BENCHMARKS = {
     "diffusion": (("repeats",), lambda a: diffusion.run(a.out, pairs=a.repeats or 20)),
     "data": (("rows", "batch"), lambda a: data.run(a.out, rows=a.rows or ROWS, batch=a.batch or 16)),
     "baselines": (("batch", "new_tokens", "repeats"), lambda a: baselines.run(
-        a.out, batch=a.batch or 4, new_tokens=min(a.new_tokens or NEW_TOKENS, 64), pairs=a.repeats or 9)),
+        a.out, batch=a.batch or 4, new_tokens=_new_tokens(a, 64), pairs=a.repeats or 9)),
 }
 OPTIONS = ("batch", "new_tokens", "repeats", "rows", "mem_limit_gib")
 

@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ..atomic import (
+    atomic_save_dir,
     check_output_dir,
     check_output_file,
-    mark,
     write_json,
     write_output_json,
     write_output_text,
@@ -152,7 +153,8 @@ def eval_dataset(args):
 
 
 def run_generate(args) -> int:
-    out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm], overwrite=args.overwrite)
+    out = check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm], overwrite=args.overwrite,
+                            kind="predictions")
     data = eval_dataset(args)  # the data's problems before the model's loading time
     lmm = load_method(args)
     n = min(len(data), args.limit or len(data))
@@ -190,10 +192,15 @@ def score_table(result: dict) -> str:
 
 def run_score(args) -> int:
     out = check_output_file(args.out or args.pred.with_suffix(".score.json"), "--out", inputs=[args.pred],
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, kind="scores")
     records = read_predictions(args.pred)
     if not records:
         raise ValueError(f"--pred {args.pred}: no predictions to score")
+    ids = [r.get("id") for r in records]
+    twice = sorted({str(i) for i in ids if i is not None and ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"--pred {args.pred}: ids {twice[:5]} appear more than once; each prediction would be scored "
+                         "twice (merge or drop the duplicates)")
     missing = [r.get("id") for r in records if r.get("reference") is None]
     if missing:
         raise ValueError(f"{len(missing)} predictions have no reference (e.g. id {missing[0]!r}): their rows had no "
@@ -223,7 +230,7 @@ def format_table(result: dict) -> str:
 
 def run(args) -> int:
     out = check_output_file(args.out or default_out(args.captions), "--out", inputs=[args.captions],
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, kind="chair")
     captions = read_captions_jsonl(args.captions)
     gt = load_coco_ground_truth(args.coco, image_ids={c["image_id"] for c in captions})
     result = coco_chair(captions, gt)
@@ -271,6 +278,8 @@ def pope_parser(ev_sub) -> None:
     pp.add_argument("--answers", type=Path, help="score this answers JSONL ({question_id, answer}) instead of "
                     "running a model (with one --questions file the file's own question ids work too)")
     pp.add_argument("--out", required=True, type=Path, help="directory: questions.jsonl, answers.jsonl, scores.json")
+    pp.add_argument("--overwrite", action="store_true", help="replace an earlier eval pope's --out (kept whole until "
+                    "the new one is complete)")
     method_args(pp, required_model=False)
     pp.set_defaults(func=run_pope)
 
@@ -329,7 +338,8 @@ def run_pope(args) -> int:
         args.per_image = args.per_image or 3
         args.strategies = args.strategies or list(POPE_STRATEGIES)
     inputs = [args.coco, args.model, args.answers, *(args.questions or [])]
-    out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=inputs)
+    out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=[*inputs, args.image_root],
+                           overwrite=args.overwrite)
     if args.questions is not None:  # every line checked (images too, when a model will read them) before loading
         records = read_pope_question_files(args.questions, image_root=args.image_root if args.model else None)
     else:
@@ -337,9 +347,6 @@ def run_pope(args) -> int:
         built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
                                      strategies=args.strategies, seed=args.seed)
         records = [r for rs in built.values() for r in rs]
-    out.mkdir(parents=True, exist_ok=True)
-    mark(out, POPE_KIND)
-    write_text(out / "questions.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     if args.answers is not None:
         answers = read_answers_jsonl(args.answers)
         if args.questions is not None:
@@ -356,8 +363,11 @@ def run_pope(args) -> int:
                 for r, text in zip(chunk, lmm.generate_samples(rows, {"max_new_tokens": args.max_new_tokens})):
                     answers[r["question_id"]] = text
                 bar.update(len(chunk))
-        write_text(out / "answers.jsonl", "".join(json.dumps({"question_id": q, "answer": a}) + "\n"
-                                                  for q, a in answers.items()))
+    asked = {r["question_id"] for r in records}
+    extra = sorted(str(q) for q in answers if q not in asked)
+    if extra:
+        print(f"keepsight: note: {len(extra)} answers are to questions not in this set (e.g. {extra[0]!r}); they are "
+              "not scored (recorded as extra_answers in scores.json)", file=sys.stderr)
     scores = pope_scores(records, answers, rule=args.parser)
     if args.questions is not None:
         setup = {"questions": [str(q) for q in args.questions],
@@ -365,9 +375,18 @@ def run_pope(args) -> int:
     else:
         setup = {"coco": str(args.coco), "split": args.split, "images": args.images, "per_image": args.per_image,
                  "seed": args.seed}
-    write_json(out / "scores.json", {**setup, "parser": args.parser, "rule": args.parser, "model": args.model,
-                                     "max_new_tokens": args.max_new_tokens if args.model else None,
-                                     "answers": str(args.answers) if args.answers else None, "scores": scores})
+    result = {**setup, "parser": args.parser, "rule": args.parser, "model": args.model,
+              "max_new_tokens": args.max_new_tokens if args.model else None,
+              "answers": str(args.answers) if args.answers else None, "extra_answers": len(extra), "scores": scores}
+
+    def write(tmp: Path) -> None:  # the three files are published together: never scores beside another run's answers
+        write_text(tmp / "questions.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        if args.answers is None:
+            write_text(tmp / "answers.jsonl", "".join(json.dumps({"question_id": q, "answer": a}) + "\n"
+                                                      for q, a in answers.items()))
+        write_json(tmp / "scores.json", result)
+
+    atomic_save_dir(out, write, kind=POPE_KIND)
     print(f"answers parsed by the {args.parser!r} rule")
     print(pope_table(scores))
     print(f"wrote {out}/questions.jsonl, scores.json" + ("" if args.answers else ", answers.jsonl"))

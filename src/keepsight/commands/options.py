@@ -112,6 +112,9 @@ def user_data(args, need_answers: bool = True):
     """``--data`` as a dataset of ``Sample``s after the pre-flight check (which prints what it found), or None when
     ``--data`` is a world directory (the command then builds the world's own task mix)."""
     if is_world(args.data):
+        if getattr(args, "image_folder", None):
+            raise ValueError(f"--image-folder applies to a user's data; --data {args.data} is a keepsight world (its "
+                             "images sit in it)")
         return None
     ds, report = preflight(open_dataset(args.data, args.image_folder), args.skip_bad_rows, need_answers)
     print(f"pre-flight of {args.data}: {report.line()}", flush=True)
@@ -122,8 +125,15 @@ def json_settings(option: str, text: str | None) -> dict:
     """A JSON object of settings given to ``option`` ({} when not given); anything else is an error naming it."""
     if text is None:
         return {}
+    def once(pairs: list) -> dict:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"{option}: settings {twice} given twice; give each once")
+        return dict(pairs)
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=once)
     except json.JSONDecodeError as e:
         raise ValueError(f"{option} {text!r} is not JSON ({e.msg})") from None
     if not isinstance(value, dict):

@@ -146,7 +146,7 @@ def run_eval(args) -> int:
         raise ValueError("--pvm and --lora are two different arms; evaluate them one at a time")
     if args.out:
         check_output_file(args.out, "--out", inputs=[args.model, args.data, args.pvm, args.lora],
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, kind="world-scores")
     baseline, settings = baseline_choice(args)
     method = Decoders([(baseline, settings)], family="autoregressive") if baseline else None  # checked before loading
     samples = read_samples(args.data, args.limit)

@@ -160,6 +160,8 @@ class LlavaSource:
     def category(self, i: int) -> str | None:
         """The row's ``category`` field (benchmarks such as POPE or MME carry one), for scores by category."""
         value = self.rows[self._index(i)].get("category")
+        if isinstance(value, (list, dict)):
+            raise ValueError(f"{self.where(i)}: 'category' must be one name (a string or a number), got {value!r}")
         return None if value is None else str(value)
 
     def image_paths(self, i: int) -> list[Path]:
@@ -294,6 +296,8 @@ class HFSource:
         if "category" not in self.data.column_names:
             return None
         value = self.data[self._index(i)]["category"]
+        if isinstance(value, (list, dict)):
+            raise ValueError(f"{self.where(i)}: 'category' must be one name (a string or a number), got {value!r}")
         return None if value is None else str(value)
 
     def messages(self, i: int) -> tuple[list[dict], int]:

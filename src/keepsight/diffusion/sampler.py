@@ -154,6 +154,9 @@ class SamplerConfig:
             raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {self.threshold_rule!r}")
         if self.refresh_every is not None:
             object.__setattr__(self, "refresh_every", number("refresh_every", self.refresh_every, 1, integer=True))
+            if self.cache == "none":
+                raise ValueError("refresh_every refreshes the cache: it needs cache='prefix' or 'dual' (with "
+                                 "cache='none' every step is a full forward already)")
         if self.cache != "none" and self.cfg_scale > 0:
             raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use "
                              "cache='none'")

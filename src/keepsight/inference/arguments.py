@@ -172,6 +172,9 @@ def baseline_settings(as_json, flat: dict) -> dict:
     return settings
 
 
+DECODING_KEYS = ("until", "do_sample", "max_new_tokens", "temperature", "num_beams", "top_p", "top_k")
+
+
 def decoding_settings(gen_kwargs, max_new_tokens: int) -> dict:
     """Decoding settings from lmms-eval-style ``gen_kwargs``: ``until`` (a list), ``do_sample``, ``max_new_tokens``
     (``max_new_tokens`` when not given), ``temperature``, ``num_beams`` and, when given, ``top_p`` / ``top_k``.
@@ -190,7 +193,8 @@ def decoding_settings(gen_kwargs, max_new_tokens: int) -> dict:
     if temperature is not None:
         do_sample = temperature > 0
     s = {"until": [u for u in until if u], "do_sample": do_sample,
-         "max_new_tokens": as_int("max_new_tokens", gk.get("max_new_tokens") or max_new_tokens, 1),
+         "max_new_tokens": as_int("max_new_tokens", max_new_tokens if gk.get("max_new_tokens") is None
+                                  else gk["max_new_tokens"], 1),
          "temperature": temperature if temperature is not None else (1.0 if do_sample else 0.0),
          "num_beams": as_int("num_beams", gk.get("num_beams") or 1, 1)}
     if gk.get("top_p") is not None:

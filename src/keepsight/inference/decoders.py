@@ -22,11 +22,20 @@ class Decoders:
         """``requests``: ``(name, settings)`` pairs (settings: a dict of the method config's fields, None or {}
         for its defaults) of ``"decode"`` entries of ``family`` (any when None)."""
         self.items: list[tuple[Method, object]] = []
-        for name, settings in requests:
+        if isinstance(requests, (str, bytes)):
+            raise TypeError(f"Decoders takes (name, settings) pairs, got the string {requests!r}: write "
+                            f"Decoders([({requests!r}, None)])")
+        for request in requests:
+            if not isinstance(request, (tuple, list)) or len(request) != 2 or not isinstance(request[0], str):
+                raise TypeError(f"Decoders takes (name, settings) pairs, got {request!r}")
+            name, settings = request
             self.add(get_method(name, stage="decode", family=family), settings)
 
     def add(self, entry: Method, settings: dict | None = None):
-        """Build ``entry``'s method object with ``settings`` and append it; returns the object."""
+        """Build ``entry``'s method object with ``settings`` and append it; returns the object. A method already
+        held is refused (applied twice, its effect would compound)."""
+        if entry.name in self.names():
+            raise ValueError(f"decoding method {entry.name!r} given twice; give it once, with all its settings")
         obj = entry.make(settings)
         self.items.append((entry, obj))
         return obj

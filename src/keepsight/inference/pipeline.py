@@ -27,7 +27,7 @@ from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint,
 from ..models.arch import check_finite, check_length
 from ..models.llada_official import shipped_decoding
 from ..pvm import load_pvm
-from .arguments import decoding_settings
+from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
 from .registry import get_method, method_names
 
@@ -217,6 +217,12 @@ class Pipeline:
         """Answers to user questions ``contexts`` (one user turn each, in the chat template), with ``images`` in
         order (``images_per_prompt`` of them per context; default: one each when there are as many images as
         contexts, else none), and the decoding methods' stats. ``gen_kwargs`` as ``generate_prompts``."""
+        if isinstance(contexts, str) or not all(isinstance(c, str) for c in contexts):
+            raise TypeError(f"contexts must be a list of strings (one prompt each), got {type(contexts).__name__}"
+                            + (f" {contexts[:40]!r}: wrap it in a list" if isinstance(contexts, str) else ""))
+        unknown = sorted(set(gen_kwargs) - set(DECODING_KEYS))
+        if unknown:
+            raise TypeError(f"generate() got unknown decoding settings {unknown}; it takes {list(DECODING_KEYS)}")
         images = list(images or [])
         if images_per_prompt is None:
             if images and len(images) != len(contexts):

@@ -43,6 +43,7 @@ from ..baselines import BASELINES
 from ..diffusion import MaskPriorSuppression, MonotonicRoPEScaling, MPSConfig, MRSConfig
 
 STAGES = ("load", "decode")
+MODEL_SIDE = ("none", "pvm", "bridge", "diffusion")  # the "load" methods: Pipeline sets each up while loading
 FAMILIES = ("autoregressive", "diffusion")
 
 
@@ -93,12 +94,26 @@ def register_method(name: str, config: type | None = None, build: Callable | Non
         raise ValueError(f"a method name must be an identifier, got {name!r}")
     if name in METHODS and not replace:
         raise ValueError(f"method {name!r} is already registered; pass replace=True to replace it")
+    if name in METHODS and METHODS[name].stage == "load":
+        raise ValueError(f"method {name!r} is one of keepsight's model-side methods (Pipeline sets it up while "
+                         "loading); it cannot be replaced")
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    if stage == "decode" and (config is None or not dataclasses.is_dataclass(config) or build is None):
-        raise ValueError(f"decoding method {name!r} needs a config dataclass and a build callable")
+    if stage == "load" and name not in MODEL_SIDE:  # Pipeline sets up only its own: another would be the plain model
+        raise ValueError(f"method {name!r}: stage 'load' is for keepsight's model-side methods {list(MODEL_SIDE)}, "
+                         "which Pipeline sets up while loading; register a decoding method (stage 'decode', a config "
+                         "dataclass and build) instead")
+    if stage == "load" and any(v is not None for v in (config, build, prepare, enter)):
+        raise ValueError(f"method {name!r}: config, build, prepare and enter apply to decoding methods (stage "
+                         "'decode')")
+    if stage == "decode":
+        if not isinstance(config, type) or not dataclasses.is_dataclass(config):
+            raise ValueError(f"decoding method {name!r} needs a config dataclass (the class), got {config!r}")
+        for what, fn in (("build", build), ("prepare", prepare), ("enter", enter)):
+            if (fn is not None or what == "build") and not callable(fn):
+                raise ValueError(f"decoding method {name!r}: {what} must be callable, got {fn!r}")
     entry = Method(name, stage, family, needs, config, build, prepare, enter)
     METHODS[name] = entry
     return entry

@@ -42,7 +42,7 @@ from .llada import load_llada_v
 from .llada_official import UNUSED_KEYS, official_config, official_processor
 from .processors import QwenImageProcessor
 from .registry import register_model_types
-from .weights import check_weights
+from .weights import check_finite_weights, check_weights
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -131,7 +131,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
     register_model_types()
     if kind == "llada_lm":
         check_weights(path)
-        model = load_llada_v(path, dtype=dt)
+        model = load_llada_v(path, dtype=dt)  # its weights checked there
         return model.to(dev).eval(), AutoTokenizer.from_pretrained(path)
     check_weights(path)
     if kind == "llava_llada":  # LLaDA-V as shipped: config, processor and key names from its own layout
@@ -142,10 +142,12 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
     config = read_config(path)
     if kind == "llada_v":
         model = load_llada_v(path, dtype=dt)
-    elif released_pvm_config(config) is not None:  # PVM as released: its blocks attached, no remote code run
-        model = load_released(path, config, dt)
     else:
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
+        if released_pvm_config(config) is not None:  # PVM as released: its blocks attached, no remote code run
+            model = load_released(path, config, dt)
+        else:
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
+        check_finite_weights(model, path)
     return model.to(dev).eval(), processor
 
 

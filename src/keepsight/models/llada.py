@@ -66,7 +66,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.output_capturing import capture_outputs
 
-from .weights import check_weights
+from .weights import check_finite_weights, check_weights
 
 
 @strict
@@ -329,7 +329,9 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
         if raw.get("model_type") != "llava" or (raw.get("text_config") or {}).get("model_type") != "llada":
             raise ValueError(f"{directory} holds a {raw.get('model_type')!r} model, not a LLaDA-V-style VLM (a llava "
                              "config with a llada text_config); load it with keepsight.models.load_checkpoint")
-        return LlavaForConditionalGeneration.from_pretrained(directory, dtype=dtype or "auto").eval()
+        model = LlavaForConditionalGeneration.from_pretrained(directory, dtype=dtype or "auto").eval()
+        check_finite_weights(model, directory)
+        return model
     if config is None:
         path = directory / "config.json"
         if not path.exists():
@@ -357,4 +359,5 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     load_mapped_state(model, state, target, drop, assign=True)
+    check_finite_weights(model, directory)
     return model.eval()

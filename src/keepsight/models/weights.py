@@ -1,5 +1,7 @@
-"""Checks of a checkpoint's weight files before anything loads them: a truncated or zero-byte download, or a
-missing shard, is an error naming the file, not a traceback from deep inside a loader."""
+"""Checks of a checkpoint's weights: before anything loads them, a truncated or zero-byte download or a missing shard
+is an error naming the file, not a traceback from deep inside a loader; after loading, a weight holding NaN or inf (a
+corrupt file whose header is intact, a diverged run) is an error naming the tensor, not a model that answers "" to
+everything."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import json
 import os
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
+from torch import nn
 
 
 def check_weights(path: str | os.PathLike, files: list[Path] | None = None) -> list[Path]:
@@ -41,3 +45,20 @@ def check_weights(path: str | os.PathLike, files: list[Path] | None = None) -> l
             raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e}); the file is "
                              "truncated, empty or not safetensors") from None
     return files
+
+
+def check_finite_weights(model: nn.Module, where: str | os.PathLike, chunk: int = 1 << 24) -> None:
+    """A ValueError naming ``where`` and the first tensors when a floating parameter of ``model`` holds NaN or inf
+    (read ``chunk`` elements at a time: no copy the size of the model)."""
+    bad = []
+    for name, p in model.named_parameters():
+        if not p.is_floating_point() or p.device.type == "meta":
+            continue
+        flat = p.detach().reshape(-1)
+        if any(not bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk)):
+            bad.append(name)
+            if len(bad) == 3:
+                break
+    if bad:
+        raise ValueError(f"{where}: weights {bad}{' (and maybe more)' if len(bad) == 3 else ''} hold NaN or inf "
+                         "values (a corrupt file or a diverged run); refusing to use them")

@@ -67,6 +67,10 @@ def load_pvm(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         weights = load_file(str(weights_path))
     except Exception as e:  # safetensors raises its own SafetensorError
         raise ValueError(f"{weights_path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    ints = sorted(k for k, v in weights.items() if not v.is_floating_point())
+    if ints:
+        raise ValueError(f"{weights_path}: tensors {ints} are not floating point ({weights[ints[0]].dtype}); a PVM "
+                         "adapter's weights are")
     bad = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
     if bad:
         raise ValueError(f"{weights_path}: tensors {bad} hold NaN or inf values")

@@ -9,13 +9,12 @@ holds the authors' settings.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..atomic import write_json
+from ..atomic import atomic_save_dir, write_json
 from ..checks import number
 from ..data import VLMCollator
 from ..fingerprint import data_fingerprint, dir_fingerprint
@@ -25,7 +24,7 @@ from ..pvm import PVMConfig, attach_pvm, gate_report, save_pvm
 from ..pvm.attach import PREFIX
 from ..pvm.io import ADAPTER_KIND, CONFIG_FILE
 from .distributed import main_process_writes, unshard_root
-from .recipe import REQUEST_FILE, Recipe, run_recipe
+from .recipe import Recipe, run_recipe
 from .trainer import TrainOptions
 
 SUMMARY_FILE = "pvm_train.json"
@@ -80,13 +79,13 @@ def publish_adapter(model, out: Path, summary_file: str, summary: dict) -> None:
     whole here first (a no-op otherwise)."""
     unshard_root(model)
 
-    def write() -> None:
-        save_pvm(model, out)
-        write_json(out / summary_file, summary)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        (out / REQUEST_FILE).unlink(missing_ok=True)  # recorded in the summary now
+    def write(tmp: Path) -> None:
+        save_pvm(model, tmp)
+        write_json(tmp / summary_file, summary)
 
-    main_process_writes(write)
+    # the new directory replaces ``out`` whole: the Trainer checkpoints and the run's request (recorded in the
+    # summary now) go with the old one
+    main_process_writes(atomic_save_dir, out, write, ADAPTER_KIND)
 
 
 class PVMSFTRecipe(Recipe):

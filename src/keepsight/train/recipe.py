@@ -180,18 +180,21 @@ def prepare_output(recipe: Recipe, out: Path, overwrite: bool) -> dict | None:
     request = _json_normal({"recipe": type(recipe).__name__, "options": dataclasses.asdict(recipe.options),
                             **recipe.request()})
     unfinished = out / REQUEST_FILE
-    old = done.get("request") if done is not None else (
-        json.loads(unfinished.read_text()) if unfinished.is_file() else None)
-    if old is not None and old != request:
-        if not overwrite:
-            what = "output" if done is not None else "unfinished run (its checkpoints)"
-            diff = "; ".join(differences(old, request)[:6]) or "the recorded request is missing"
-            raise ValueError(f"--out {out} holds a {recipe.kind} {what} made from another request ({diff}); pass "
-                             "--overwrite (overwrite=True) to replace it, or choose another --out")
-        main_process_writes(shutil.rmtree, out)
-        done = None
-    elif done is not None:
+    pending = json.loads(unfinished.read_text()) if unfinished.is_file() else None
+    if done is not None and done.get("request") in (request, None):  # None: an earlier version's, unrecorded
         return done
+    if done is not None and not overwrite:
+        diff = "; ".join(differences(done.get("request") or {}, request)[:6]) or "the recorded request is missing"
+        raise ValueError(f"--out {out} holds a {recipe.kind} output made from another request ({diff}); pass "
+                         "--overwrite (overwrite=True) to replace it, or choose another --out")
+    if pending is not None and pending != request:
+        if not overwrite and done is None:
+            diff = "; ".join(differences(pending, request)[:6])
+            raise ValueError(f"--out {out} holds a {recipe.kind} unfinished run (its checkpoints) made from another "
+                             f"request ({diff}); pass --overwrite (overwrite=True) to replace it, or choose another --out")
+        main_process_writes(_drop_unfinished, out)
+    # an output being replaced stays whole in ``out`` until the new one is published over it (its checkpoints train
+    # beside it, in out/checkpoints, and go with it)
 
     def start() -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +226,8 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
         logs, step = recipe.fit(model, processor)
     except Exception:
         if fresh and last_complete_checkpoint(out / "checkpoints") is None:
-            main_process_writes(_discard_start, out, existed)  # a run that failed its checks leaves no --out behind
+            # a run that failed its checks leaves no --out behind (or the output it was to replace, as it was)
+            main_process_writes(_discard_start, out, existed, recipe.published(out) is not None)
         raise
     if step < recipe.options.steps:
         return None
@@ -238,12 +242,19 @@ def run_recipe(recipe: Recipe, out, stop_after: int | None = None, progress: boo
     return summary
 
 
-def _discard_start(out: Path, existed: bool) -> None:
-    """Remove what ``prepare_output`` started in ``out`` (its marker, request and a checkpoint folder without a
-    finished checkpoint), and ``out`` itself when this run made it and nothing else is in it."""
-    for name in (MARKER, REQUEST_FILE):
-        (out / name).unlink(missing_ok=True)
+def _drop_unfinished(out: Path) -> None:
+    """Remove an unfinished run's request and checkpoints from ``out`` (a published output there stays)."""
+    (out / REQUEST_FILE).unlink(missing_ok=True)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+
+def _discard_start(out: Path, existed: bool, keep_marker: bool = False) -> None:
+    """Remove what ``prepare_output`` started in ``out`` (its marker unless ``keep_marker``: an output it was to
+    replace is still there; its request and a checkpoint folder without a finished checkpoint), and ``out`` itself
+    when this run made it and nothing else is in it."""
+    if not keep_marker:
+        (out / MARKER).unlink(missing_ok=True)
+    _drop_unfinished(out)
     if not existed:
         with contextlib.suppress(OSError):
             out.rmdir()  # only if empty

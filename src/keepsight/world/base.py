@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from transformers import CLIPVisionModel, LlavaForConditionalGeneration, Qwen3ForCausalLM
 
-from ..atomic import MARKER, check_output_dir, mark, marked_kind, write_json
+from ..atomic import MARKER, check_output_dir, mark, marked_kind, replace_dir, write_json
 from ..data import IGNORE_INDEX, TextCollator, VLMCollator
 from ..determinism import environment
-from ..fingerprint import differences
+from ..fingerprint import differences, digest
 from ..train.distributed import main_process_writes
 from ..train.recipe import Recipe, publish_directory, run_recipe
 from ..train.trainer import TrainOptions
@@ -341,11 +341,13 @@ class StageRecipe(Recipe):
                           cleanup=ckpts, kind=self.kind)
 
 
-def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overwrite: bool = False) -> None:
+def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overwrite: bool = False) -> Path:
     """Check ``out`` before training a base into it: new, empty, or a base trained with the same config on the
     same scenes under the same environment (``keepsight.determinism``: versions, CPU kind, threads; then finished
-    stages are reused and an unfinished one resumes); another base is refused unless ``overwrite``. Records the
-    config (``train_config.json``) and the request."""
+    stages are reused and an unfinished one resumes); another base is refused unless ``overwrite``. Returns the
+    directory to train in, with the config (``train_config.json``) and the request recorded: ``out``, or, when
+    ``overwrite`` replaces another base, a hidden sibling ``.<out>.replacing-<request hash>`` (the old base stays
+    whole in ``out`` until the new one is complete and replaces it; a rerun of the same request resumes there)."""
     request = json.loads(json.dumps({"train": train_cfg.to_dict(), "data": samples.fingerprint(),
                                      "environment": environment()}))
     old_cfg = out / "train_config.json"
@@ -357,20 +359,22 @@ def prepare_base(out: Path, train_cfg: TrainConfig, samples: WorldSamples, overw
         old = json.loads((out / BASE_REQUEST).read_text())
     elif old_cfg.is_file():
         old = {"train": json.loads(old_cfg.read_text()), "data": request["data"], "environment": None}
+    work = out
     if old is not None and old != request:
         if not overwrite:
             diff = "; ".join(differences(old, request)[:6])
             raise ValueError(f"--out {out} holds a base trained with other settings ({diff}); pass --overwrite to "
                              "replace it, or choose another --out")
-        main_process_writes(shutil.rmtree, out)
+        work = out.with_name(f".{out.name}.replacing-{digest(request, 12)}")
 
     def start() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        mark(out, BASE_KIND)
-        write_json(old_cfg, train_cfg.to_dict())
-        write_json(out / BASE_REQUEST, request)
+        work.mkdir(parents=True, exist_ok=True)
+        mark(work, BASE_KIND)
+        write_json(work / "train_config.json", train_cfg.to_dict())
+        write_json(work / BASE_REQUEST, request)
 
     main_process_writes(start)
+    return work
 
 
 def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSamples,
@@ -378,23 +382,29 @@ def train_stage(stage: str, out: str | os.PathLike, train_cfg: TrainConfig, samp
                 overwrite: bool = False) -> dict | None:
     """Run one stage (resuming if interrupted). Returns its summary, or None if ``stop_after`` ended
     it before the last step (run again to continue). The stage's batch size is the global batch
-    (``run_trainer``); under ``accelerate launch`` only the main process writes."""
+    (``run_trainer``); under ``accelerate launch`` only the main process writes. A base that replaces another
+    (``prepare_base``) takes ``out``'s place when its last stage is done."""
     if stage not in train_cfg.stages:
         hint = " (this recipe has no ground stage: set its schedule, TrainConfig.ground)" if stage == "ground" else ""
         raise ValueError(f"unknown stage {stage!r}; choose from {train_cfg.stages}{hint}")
     out = Path(out)
-    prepare_base(out, train_cfg, samples, overwrite)
-    final, _ = _stage_dirs(out, stage)
+    work = prepare_base(out, train_cfg, samples, overwrite)
+    final, _ = _stage_dirs(work, stage)
     if (final / DONE_FILE).is_file():
-        return json.loads((final / DONE_FILE).read_text())
-    for prev in train_cfg.requires(stage):
-        if not stage_done(out, prev):
-            raise RuntimeError(f"stage {stage!r} needs stage {prev!r} first (run it, or --stage all)")
-    preset = get_preset(train_cfg.preset)
-    if samples.config.image_size != preset.image_size:
-        raise ValueError(f"world image_size {samples.config.image_size} != preset {train_cfg.preset} "
-                         f"image_size {preset.image_size}")
-    return run_recipe(StageRecipe(stage, out, train_cfg, samples), final, stop_after, progress, grad_accum)
+        summary = json.loads((final / DONE_FILE).read_text())
+    else:
+        for prev in train_cfg.requires(stage):
+            if not stage_done(work, prev):
+                raise RuntimeError(f"stage {stage!r} needs stage {prev!r} first (run it, or --stage all)")
+        preset = get_preset(train_cfg.preset)
+        if samples.config.image_size != preset.image_size:
+            raise ValueError(f"world image_size {samples.config.image_size} != preset {train_cfg.preset} "
+                             f"image_size {preset.image_size}")
+        summary = run_recipe(StageRecipe(stage, work, train_cfg, samples), final, stop_after, progress, grad_accum)
+    if work != out and all(stage_done(work, s) for s in train_cfg.stages):
+        finalize(work)
+        main_process_writes(replace_dir, work, out, BASE_KIND)
+    return summary
 
 
 def assemble_from_stages(out: str | os.PathLike, preset, tok, seed: int):
@@ -441,7 +451,8 @@ def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSam
     prepare_base(out, train_cfg, samples, overwrite)
     summaries = {}
     for stage in train_cfg.stages if stages is None else stages:
-        summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum)
+        summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum,
+                                       overwrite=overwrite)
     if all(stage_done(out, s) for s in train_cfg.stages):
         finalize(out)
     return summaries
