@@ -412,6 +412,40 @@ CLI_CASES: list[dict] = [
         "--out {new:a} --steps 1 --batch-size 2", ["nowhere.png", "--skip-bad-rows"]),
     cli("data:lora-train-llava-no-conversations", "lora train --model {M} --data {J_noconv} --image-folder {W} "
         "--out {new:l} --steps 1 --batch-size 2", ["conversations"]),
+    # ---------------------------------------------------------------- nothing lost under reruns (issue 39)
+    cli("loss:pvm-train-overwrite-out-holds-data", "pvm train --model {M} --data {copy:A_data}/mydata --out "
+        "{copy:A_data} --steps 1 --batch-size 2 --overwrite", ["--out", "input"], keep=["{copy:A_data}"]),
+    cli("loss:pvm-train-overwrite-new-run-fails", "pvm train --model {M} --data {W} --out {copy:A} --steps 1 "
+        "--batch-size 2 --max-length 4 --overwrite", ["--max-length", "image"], keep=["{copy:A}"]),
+    cli("loss:eval-score-out-is-predictions", "eval score --pred {P} --out {copy:GD}/G.jsonl --overwrite",
+        ["--out", "predictions"], keep=["{copy:GD}"]),
+    cli("loss:world-eval-out-is-predictions", f"{WE} --out {{copy:GD}}/G.jsonl --overwrite", ["--out", "predictions"],
+        keep=["{copy:GD}"]),
+    cli("loss:eval-chair-out-is-predictions", CH.replace("{new:chair.json}", "{copy:GD}/G.jsonl") + " --overwrite",
+        ["--out", "predictions"], keep=["{copy:GD}"]),
+    cli("loss:eval-pope-rerun-without-overwrite", "eval pope --coco {COCO} --images 1 --per-image 1 --answers {P} "
+        "--out {copy:POPE_D}", ["--out", "--overwrite"], keep=["{copy:POPE_D}"]),
+    cli("loss:eval-generate-users-tmp-file", EG.replace("{new:p.jsonl}", "{copy:UT}/p.jsonl"), valid=True,
+        keep=["{copy:UT}/p.jsonl.tmp"]),
+    # ---------------------------------------------------------------- silent before (issue 39)
+    cli("data:world-eval-nan-weights", WE.replace("{M}", "{M_nanw}"), ["M_nanw", "NaN"]),
+    cli("data:world-eval-int-adapter", f"{WE} --pvm {{A_int}}", ["pvm.safetensors", "floating"]),
+    cli("data:world-eval-vcd-alpha-twice", f"{WE} --vcd.alpha nan --vcd.alpha 1", ["--vcd.alpha", "twice"]),
+    cli("data:eval-generate-mps-k-twice", f"{EG} --diffusion --mps.k 0 --mps.k 3", ["--mps.k", "twice"]),
+    cli("data:world-eval-pai-prefill-both", f"{WE} --pai.amplify_prefill --no-pai.amplify_prefill",
+        ["amplify_prefill", "twice"]),
+    cli("data:world-eval-memvr-empty-window", f"{WE} --memvr.start_layer 3 --memvr.end_layer 1",
+        ["start_layer", "end_layer"]),
+    cli("data:world-eval-pai-drop-outside-vocab", f"{WE} --pai.drop_token_ids 999999", ["drop_token_ids"]),
+    cli("data:bench-pvm-decode-new-tokens-cut", "bench pvm-decode --new-tokens 100 --out {new:bench}",
+        ["--new-tokens"]),
+    cli("data:bench-baselines-new-tokens-cut", "bench baselines --new-tokens 1000 --out {new:bench}",
+        ["--new-tokens"]),
+    cli("data:eval-score-duplicate-ids", "eval score --pred {P_dup} --out {new:s.json}", ["P_dup", "more than once"]),
+    cli("data:eval-generate-baseline-args-key-twice", EG + " --baseline vcd --baseline-args "
+        "'{\"alpha\": 1, \"alpha\": 2}'", ["alpha", "twice"]),
+    cli("data:pvm-train-image-folder-with-world", "pvm train --model {M} --data {W} --image-folder {W} --out {new:a} "
+        "--steps 1 --batch-size 2", ["--image-folder"]),
 ]
 
 # ============================================================================= the API cases
@@ -571,6 +605,17 @@ API_CASES: list[dict] = [
         ("memvr", "probe_layer", -99), ("deco", "alpha", -1.0), ("deco", "layers", [99]), ("deco", "top_p", 1.5),
         ("deco", "top_k", 0))],
     api("baseline", "vcd", alpha=0.0, valid=True, tag="'vcd', alpha=0.0 (identity)"),
+    # ---------------------------------------------------------------- the Python API's argument types (issue 39)
+    api("pipeline_generate", "describe the image.", expect=["list"], tag="'describe the image.' (a string)"),
+    api("pipeline_generate", ["describe the image."], max_new_tokens=0, expect=["max_new_tokens"]),
+    api("pipeline_generate", ["describe the image."], max_tokens=4, expect=["max_tokens"]),
+    api("decoders", "vcd", expect=["vcd", "pairs"], tag="'vcd'"),
+    api("decoders", [["vcd", None], ["vcd", {"alpha": 2.0}]], expect=["vcd", "twice"], tag="vcd twice"),
+    api("register_method", "damp_i", config="instance", expect=["config"], tag="a config instance"),
+    api("register_method", "damp_b", build=42, expect=["build"], tag="build=42"),
+    api("register_method", "damp_l", stage="load", expect=["stage", "load"], tag="stage='load' with a config"),
+    api("register_method", "none", stage="load", replace=True, config=None, build=None, expect=["none"],
+        tag="'none', replace=True"),
 ]
 
 # ============================================================================= API handlers (run in a child)
@@ -806,7 +851,35 @@ def h_baseline(fx, name, **kw):
     return {"note": f"{name}: {out.shape[-1]} tokens, stats {method.stats()}"}
 
 
-HANDLERS = {"PVMConfig": h_pvm_config, "LiaMtrConfig": h_lia_mtr, "MaskPriorSuppression": h_mps,
+def h_pipeline_generate(fx, contexts, **kw):
+    from keepsight.inference import Pipeline
+
+    pipe = Pipeline(fx["M"], dtype="float32", device="cpu")
+    out = pipe.generate(contexts, **kw)
+    return {"note": f"{len(out.texts)} answers"}
+
+
+def h_decoders(fx, requests):
+    from keepsight.inference import Decoders
+
+    Decoders(requests if isinstance(requests, str) else [tuple(r) for r in requests])
+
+
+def h_register_method(fx, name, config="class", build="class", **kw):
+    import dataclasses
+
+    from keepsight.inference.registry import register_method
+
+    @dataclasses.dataclass
+    class DampConfig:
+        factor: float = 1.0
+
+    cfg = {"class": DampConfig, "instance": DampConfig(), None: None}[config]
+    register_method(name, cfg, (lambda c: c) if build == "class" else build, **kw)
+
+
+HANDLERS = {"pipeline_generate": h_pipeline_generate, "decoders": h_decoders, "register_method": h_register_method,
+            "PVMConfig": h_pvm_config, "LiaMtrConfig": h_lia_mtr, "MaskPriorSuppression": h_mps,
             "MonotonicRoPEScaling": h_mrs, "generate": h_generate, "generate_vlm": h_generate_vlm, "probe": h_probe,
             "probe_nested": h_probe_nested, "load_checkpoint": h_load_checkpoint, "load_pvm": h_load_pvm,
             "load_llada_v": h_load_llada_v, "world_config": h_world_config, "WorldConfig": h_world_cfg_fields,
@@ -862,6 +935,23 @@ def _copy_with(root: Path, src: Path, name: str, edit) -> None:
     dst = root / name
     shutil.copytree(src, dst)
     edit(dst)
+
+
+def _overwrite_middle(path: Path, data: bytes) -> None:
+    """Overwrite bytes in the middle of ``path``'s tensor data (a safetensors header stays intact)."""
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    middle = start + (len(raw) - start) // 2
+    raw[middle:middle + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+def _int_adapter(d: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(d / "pvm.safetensors"))
+    save_file({k: v.to(torch.int32) for k, v in w.items()}, str(d / "pvm.safetensors"))
 
 
 def _truncate(path: Path, keep: float) -> None:
@@ -954,6 +1044,24 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
     fx["P"] = root / "P.jsonl"
     (root / "P_bad.jsonl").write_text(json.dumps(preds[0]) + "\n{\"id\": \"b\", \"ans\n")
     fx["P_bad"] = root / "P_bad.jsonl"
+    (root / "P_dup.jsonl").write_text("".join(json.dumps({**r, "id": "a"}) + "\n" for r in preds))
+    fx["P_dup"] = root / "P_dup.jsonl"
+    from keepsight.atomic import mark, write_output_text
+
+    gd = root / "GD"  # a predictions file keepsight wrote (with its record beside it)
+    gd.mkdir()
+    write_output_text(gd / "G.jsonl", (root / "P.jsonl").read_text(), "predictions")
+    fx["GD"] = gd
+    pope = root / "POPE_D"  # an earlier eval pope --model run's output
+    pope.mkdir()
+    for name, text in (("questions.jsonl", "{}\n"), ("answers.jsonl", "{}\n"), ("scores.json", "{}")):
+        (pope / name).write_text(text)
+    mark(pope, "pope")
+    fx["POPE_D"] = pope
+    ut = root / "UT"  # a user's file named like a temporary file of the output beside it
+    ut.mkdir()
+    (ut / "p.jsonl.tmp").write_text("the user's notes\n")
+    fx["UT"] = ut
     # models
     if need("M"):
         variants = {
@@ -965,6 +1073,7 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
             "M_unknown": lambda d: _edit_json(d / "config.json", lambda c: {**c, "model_type": "bert"}),
             "M_noproc": lambda d: [(d / f).unlink() for f in ("processor_config.json", "tokenizer.json",
                                                               "tokenizer_config.json")],
+            "M_nanw": lambda d: _overwrite_middle(d / "model.safetensors", b"\xff" * 4096),  # header intact
         }
         for name, edit in variants.items():
             _copy_with(root, fx["M"], name, edit)
@@ -980,10 +1089,14 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
             "A_noweights": lambda d: (d / "pvm.safetensors").unlink(),
             "A_emptycfg": lambda d: (d / "pvm_config.json").write_text("{}"),
             "A_truncw": lambda d: _truncate(d / "pvm.safetensors", 0.5),
+            "A_int": _int_adapter,
         }
         for name, edit in variants.items():
             _copy_with(root, fx["A"], name, edit)
             fx[name] = root / name
+        if need("W"):  # an adapter directory the user also keeps a dataset in
+            _copy_with(root, fx["A"], "A_data", lambda d: shutil.copytree(fx["W"], d / "mydata"))
+            fx["A_data"] = root / "A_data"
     if need("L"):
         _copy_with(root, fx["L"], "L_badcfg", lambda d: (d / "adapter_config.json").write_text('{"r": 3,'))
         fx["L_badcfg"] = root / "L_badcfg"

@@ -73,7 +73,7 @@ def _write_through_temp(path: Path, text: str) -> Path:
 
 def mark(directory: str | os.PathLike, kind: str) -> None:
     """Record in ``directory`` that keepsight wrote it, as a ``kind`` (world, model, adapter, run, ...)."""
-    Path(directory, MARKER).write_text(json.dumps({"kind": kind}))
+    _write_through_temp(Path(directory, MARKER), json.dumps({"kind": kind}))  # never a zero-byte marker (full disk)
 
 
 def marked_kind(directory: str | os.PathLike) -> str | None:

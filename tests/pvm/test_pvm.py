@@ -179,7 +179,7 @@ def test_save_load_bit_identical_and_mismatch_refused(processor, tmp_path):
         load_pvm(build_model("tiny-llava", processor.tokenizer), tmp_path / "a")
     with pytest.raises(FileNotFoundError, match="pvm_config.json is missing"):
         load_pvm(fresh, tmp_path)
-    with pytest.raises(ValueError, match="already attached"):
+    with pytest.raises(ValueError, match="already carries PVM blocks"):
         attach_pvm(fresh)
 
 

@@ -269,6 +269,9 @@ def test_config_resolves_the_latent_width(processor):
     assert cfg.resolve_pvm_hidden_size(128, 32) == 32 and cfg.resolve_pvm_hidden_size(64, 32) == 32
     with pytest.raises(ValueError, match="pvm_hidden_size 48 must be a multiple of the backbone's head_dim 32"):
         PVMConfig(pvm_hidden_size=48).resolve_pvm_hidden_size(128, 32)
+    assert PVMConfig(pvm_hidden_size=512).resolve_pvm_hidden_size(128, 32) == 512  # 4x the width: still allowed
+    with pytest.raises(ValueError, match="pvm_hidden_size 512000000000 is more than 4x the backbone's width 128"):
+        PVMConfig(pvm_hidden_size=512_000_000_000).resolve_pvm_hidden_size(128, 32)  # named, not an allocator error
     with pytest.raises(ValueError, match="config must be a PVMConfig"):
         attach_pvm(build_model("tiny-llava", processor.tokenizer), {"layers": [1]})
 

@@ -73,7 +73,8 @@ def build_block(text_config, config: PVMConfig) -> nn.Module:
 def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
     """Add PVM blocks to ``model`` in place (returns it). The gate starts at 0: outputs are unchanged."""
     if getattr(model, "_keepsight_pvm", None) is not None:
-        raise ValueError("PVM is already attached to this model; detach_pvm first")
+        raise ValueError("this model already carries PVM blocks (a released-layout PVM checkpoint, or an adapter "
+                         "attached before): give its base model instead, or, from Python, detach_pvm first")
     if config is not None and not isinstance(config, PVMConfig):
         raise ValueError(f"config must be a PVMConfig (or None for the defaults), got {type(config).__name__}")
     config = config or PVMConfig()

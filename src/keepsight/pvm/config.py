@@ -110,6 +110,9 @@ class PVMConfig:
         if p % head_dim:
             raise ValueError(f"pvm_hidden_size {p} must be a multiple of the backbone's head_dim {head_dim} (the "
                              "released block keeps the backbone's head size)")
+        if p > 4 * hidden:
+            raise ValueError(f"pvm_hidden_size {p} is more than 4x the backbone's width {hidden}: the block is a "
+                             "bottleneck beside the FFN (released: 512 of 4096)")
         return p
 
     def resolve_latent(self, hidden: int) -> int:
