@@ -434,7 +434,15 @@ def reproduce(profile_name: str = "full", against: str | Path | None = None, thr
     the numbers that moved (``keepsight.report.compare.moved_numbers``; empty: reproduced) and the run's
     directory."""
     against = Path(against) if against is not None else published_results(profile_name)
-    published = against.read_text()
+    if not against.is_file():
+        raise FileNotFoundError(f"--against {against}: no such file")
+    try:
+        published = against.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--against {against}: not UTF-8 text (byte {e.start}); give a demo's results.md") from None
+    if not published.startswith("# keepsight demo ("):  # checked before a run of up to 30 minutes, not after
+        raise ValueError(f"--against {against}: not a keepsight demo results.md (it starts with "
+                         f"{published[:40]!r}, not '# keepsight demo (')")
     runs = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="keepsight-reproduce-"))
     if runs.exists() and any(runs.iterdir()):
         raise ValueError(f"--runs {runs}: a reproduction starts from nothing; give a new or empty directory")

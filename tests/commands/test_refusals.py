@@ -140,3 +140,23 @@ def test_pipeline_generate_checks_its_prompts_and_settings(tmp_path):
     with pytest.raises(ValueError, match="max_new_tokens"):
         pipe.generate(["describe the image."], max_new_tokens=0)
     assert len(pipe.generate(["describe the image."], max_new_tokens=2).texts) == 1
+
+
+def test_a_json_list_with_a_byte_order_mark_reads_as_editors_write_it(tmp_path):
+    from keepsight.data import open_dataset
+
+    rows = [{"id": "x", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yes"}]}]
+    data = tmp_path / "bom.json"
+    data.write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    assert open_dataset(data)[0].messages[1]["content"][0]["text"] == "yes"
+
+
+def test_a_garbled_against_file_is_named_before_the_run(tmp_path, capsys):
+    garbled = tmp_path / "results.md"
+    garbled.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert main(["demo", "--reproduce", "--against", str(garbled), "--runs", str(tmp_path / "r")]) == 2
+    assert f"--against {garbled}: not UTF-8 text" in _error(capsys)
+    garbled.write_text("| a | 1 |\n")
+    assert main(["demo", "--reproduce", "--against", str(garbled), "--runs", str(tmp_path / "r")]) == 2
+    assert "not a keepsight demo results.md" in _error(capsys)
+    assert not (tmp_path / "r").exists()  # nothing ran

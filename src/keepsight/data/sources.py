@@ -55,7 +55,7 @@ def _file_fingerprint(path: Path, *extra) -> str:
 def _read_rows(path: Path) -> list[dict]:
     """Every row of a LLaVA JSON list or JSONL file; malformed JSON is an error naming ``path:line``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is read as editors write it
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); JSON data files are UTF-8") from None
     if not text.strip():

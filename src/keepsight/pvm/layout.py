@@ -74,7 +74,20 @@ def load_released(path: str | os.PathLike, config: dict, dtype: torch.dtype | No
     """The backbone of a released-layout directory with the released blocks attached and loaded (strictly: every
     block tensor present, none left over)."""
     pvm = released_pvm_config(config)
-    model = AutoModelForImageTextToText.from_pretrained(path, config=backbone_config(config), dtype=dtype or "auto")
+    backbone = backbone_config(config)
+    cls = AutoModelForImageTextToText._model_mapping[type(backbone)]
+    # the block tensors are read below (strictly); transformers is told not to report them as unexpected
+    had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
+    saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+    cls._keys_to_ignore_on_load_unexpected = [*(getattr(cls, "_keys_to_ignore_on_load_unexpected") or []),
+                                              r"\.pvm_block\."]
+    try:
+        model = cls.from_pretrained(path, config=backbone, dtype=dtype or "auto")
+    finally:
+        if had:
+            cls._keys_to_ignore_on_load_unexpected = saved
+        else:
+            del cls._keys_to_ignore_on_load_unexpected
     attach_pvm(model, pvm)
     blocks = read_blocks(path)
     expected = pvm_state_dict(model)
