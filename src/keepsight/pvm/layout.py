@@ -79,7 +79,7 @@ def load_released(path: str | os.PathLike, config: dict, dtype: torch.dtype | No
     # the block tensors are read below (strictly); transformers is told not to report them as unexpected
     had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
     saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
-    cls._keys_to_ignore_on_load_unexpected = [*(getattr(cls, "_keys_to_ignore_on_load_unexpected") or []),
+    cls._keys_to_ignore_on_load_unexpected = [*(cls._keys_to_ignore_on_load_unexpected or []),
                                               r"\.pvm_block\."]
     try:
         model = cls.from_pretrained(path, config=backbone, dtype=dtype or "auto")
