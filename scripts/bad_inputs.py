@@ -534,6 +534,7 @@ API_CASES: list[dict] = [
     api("MonotonicRoPEScaling", segments=["x"], expect=["segments"]),
     api("MonotonicRoPEScaling", segments=[], expect=["segments"]),
     api("MonotonicRoPEScaling", segments=["generation"], no_gen_start=True, expect=["gen_start"]),
+    api("MonotonicRoPEScaling", at=10**6, expect=["gen_start"], tag="gen_start=10**6 (past the sequence)"),
     api("MonotonicRoPEScaling", bogus=1, expect=["bogus"]),
     # ---------------------------------------------------------------- the masked-diffusion sampler
     *[api("generate", gen_length=v, expect=["gen_length"]) for v in (0, -1, 10**6, 2.5)],
@@ -707,7 +708,7 @@ def h_mps(fx, **kw):
     return {"bad": _nan(logits), "note": f"fitted and applied with {mps.config}"}
 
 
-def h_mrs(fx, no_gen_start: bool = False, **kw):
+def h_mrs(fx, no_gen_start: bool = False, at: int | None = None, **kw):
     import torch
 
     from keepsight.diffusion import MonotonicRoPEScaling
@@ -715,7 +716,8 @@ def h_mrs(fx, no_gen_start: bool = False, **kw):
     lm, tok = _llada_lm()
     mrs = MonotonicRoPEScaling(**kw)
     ids = _masked_prompt(tok)
-    with torch.no_grad(), mrs.apply(lm, gen_start=None if no_gen_start else ids.shape[1] - 4):
+    start = None if no_gen_start else ids.shape[1] - 4 if at is None else at
+    with torch.no_grad(), mrs.apply(lm, gen_start=start):
         logits = lm(ids).logits
     return {"bad": _nan(logits), "note": f"applied with {mrs.config}"}
 

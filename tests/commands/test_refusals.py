@@ -160,3 +160,17 @@ def test_a_garbled_against_file_is_named_before_the_run(tmp_path, capsys):
     assert main(["demo", "--reproduce", "--against", str(garbled), "--runs", str(tmp_path / "r")]) == 2
     assert "not a keepsight demo results.md" in _error(capsys)
     assert not (tmp_path / "r").exists()  # nothing ran
+
+
+def test_rows_without_an_image_are_counted_in_the_preflight_line(tmp_path):
+    from PIL import Image
+
+    from keepsight.data import open_dataset, preflight
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    rows = [{"question": "what colour ?", "answer": "red", "image": "a.png"},
+            {"question": "what shape ?", "answer": "a disc", "image": None}]  # null: text-only in this layout
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, report = preflight(open_dataset(data))
+    assert report.text_only == 1 and "1 rows have no image (trained / asked as text-only)" in report.line()

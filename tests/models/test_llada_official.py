@@ -128,3 +128,20 @@ def test_loading_builds_no_random_model_first(dirs, monkeypatch):
     model, _ = load_checkpoint(official, dtype="bfloat16", device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert not any(p.is_meta for p in model.parameters())
+
+
+def test_a_garbled_tower_config_or_missing_tokenizer_is_named(dirs, tmp_path):
+    import shutil
+
+    official, _ = dirs
+    broken = tmp_path / "broken"
+    shutil.copytree(official, broken)
+    (broken / "siglip-tower" / "config.json").write_text('{"hidden_size": 8,')
+    with pytest.raises(ValueError, match=r"siglip-tower/config\.json is not a tower config"):
+        load_checkpoint(broken, dtype="float32", device="cpu")
+    shutil.rmtree(broken)
+    shutil.copytree(official, broken)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (broken / f).unlink()
+    with pytest.raises(ValueError, match=r"broken: cannot load its tokenizer \(tokenizer files: none"):
+        load_checkpoint(broken, dtype="float32", device="cpu")

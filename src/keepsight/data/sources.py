@@ -379,12 +379,14 @@ class PreflightReport:
     unreadable_images: int = 0
     bad_rows: int = 0
     skipped: int = 0
+    text_only: int = 0  # rows without an image (an image key that is null or empty in a question / answer layout)
     problems: list[str] = field(default_factory=list)  # the first few, "row 12 (id 7): image a.png is missing"
 
     def line(self) -> str:
         return (f"{self.rows} rows, {self.turns} turns, {self.images} images; {self.missing_images} missing and "
                 f"{self.unreadable_images} unreadable images; {self.bad_rows} bad rows"
-                + (f" ({self.skipped} skipped)" if self.skipped else ""))
+                + (f" ({self.skipped} skipped)" if self.skipped else "")
+                + (f"; {self.text_only} rows have no image (trained / asked as text-only)" if self.text_only else ""))
 
 
 def _check_image(path_or_bytes) -> str | None:
@@ -428,6 +430,7 @@ def preflight(dataset, skip_bad_rows: bool = False, need_answers: bool = True, s
                     images = [im if not isinstance(im, str) or Path(im).is_absolute() else dataset.image_folder / im
                               for im in images]
                 report.turns += len(messages)
+                report.text_only += not images
                 if need_answers and not any(m["role"] == "assistant" for m in messages):
                     raise ValueError(f"{dataset.where(i)}: no assistant turn (nothing to train on)")
                 for im in images:

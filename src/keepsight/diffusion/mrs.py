@@ -111,6 +111,14 @@ class MonotonicRoPEScaling:
         def grab(module, args, kwargs):
             state["ids"] = _input_ids_of(args, kwargs)
 
+        def first_forward(module, args, kwargs):  # the whole sequence (later cached forwards may see windows)
+            ids = _input_ids_of(args, kwargs)
+            x = ids if ids is not None else kwargs.get("inputs_embeds")
+            if x is not None and not state.get("checked"):
+                state["checked"] = True
+                if gen_start > x.shape[1]:
+                    raise ValueError(f"gen_start {gen_start} lies past the sequence ({x.shape[1]} columns)")
+
         def where_now() -> torch.Tensor | None:
             if isinstance(segment_mask, torch.Tensor):
                 return segment_mask.bool()
@@ -144,6 +152,8 @@ class MonotonicRoPEScaling:
 
         reads_columns = auto or callable(segment_mask)
         try:
+            if gen_start is not None:
+                handles.append(model.register_forward_pre_hook(first_forward, with_kwargs=True))
             if reads_columns:  # the cached samplers forward windows: their column indices are not the sequence's
                 model._keepsight_reads_columns = "MRS with segments other than 'all'"
                 handles.append(model.register_forward_pre_hook(grab, with_kwargs=True))

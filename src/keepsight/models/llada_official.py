@@ -79,12 +79,19 @@ def _tower_config(raw: dict, directory: Path) -> tuple[SiglipVisionConfig, Path 
         raise ValueError(f"{directory}/config.json names no vision tower (mm_vision_tower)")
     local = Path(name) if Path(name).is_absolute() else directory / name
     if (local / "config.json").is_file():
-        cfg = json.loads((local / "config.json").read_text())
-        cfg = cfg.get("vision_config", cfg)  # a full SiglipConfig, or the vision config itself
-        if cfg.get("model_type") not in (None, "siglip_vision_model", "siglip"):
-            raise ValueError(f"{local}/config.json is a {cfg.get('model_type')!r} tower; LLaDA-V's is SigLIP")
+        try:
+            cfg = json.loads((local / "config.json").read_text(encoding="utf-8-sig"))
+            cfg = cfg.get("vision_config", cfg)  # a full SiglipConfig, or the vision config itself
+        except (ValueError, AttributeError) as e:  # not JSON, or not an object
+            raise ValueError(f"{local}/config.json is not a tower config ({type(e).__name__}: {e})") from None
+        if not isinstance(cfg, dict) or cfg.get("model_type") not in (None, "siglip_vision_model", "siglip"):
+            what = cfg.get("model_type") if isinstance(cfg, dict) else type(cfg).__name__
+            raise ValueError(f"{local}/config.json is a {what!r} tower; LLaDA-V's is SigLIP")
         keep = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")}
-        return SiglipVisionConfig(**keep), local
+        try:
+            return SiglipVisionConfig(**keep), local
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{local}/config.json: not a SigLIP vision config ({e})") from None
     if name in KNOWN_TOWERS:
         return SiglipVisionConfig(**KNOWN_TOWERS[name]), None
     raise ValueError(f"{directory}/config.json: mm_vision_tower {name!r} is neither a local directory with a "
@@ -92,7 +99,12 @@ def _tower_config(raw: dict, directory: Path) -> tuple[SiglipVisionConfig, Path 
 
 
 def _tokenizer(directory: Path):
-    tok = AutoTokenizer.from_pretrained(directory)
+    try:
+        tok = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, TypeError, KeyError) as e:  # no tokenizer files, or unreadable ones
+        have = sorted(p.name for p in directory.glob("tokenizer*")) or "none"
+        raise ValueError(f"{directory}: cannot load its tokenizer (tokenizer files: {have}; {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if tok.convert_tokens_to_ids("<image>") in (None, tok.unk_token_id):
         tok.add_tokens(["<image>"], special_tokens=True)  # the LLaVA repository used a placeholder id (-200) instead
     return tok
