@@ -90,9 +90,10 @@ def atomic_save_dir(out: str | os.PathLike, write, kind: str | None = None) -> P
     removed and ``out`` is left as it was.
 
     The publish never deletes before it has replaced: the finished directory is renamed ``.<out>.new-*``, the old
-    ``out`` (if any) ``.<out>.old-*``, the new one ``out``, and only then is the old one deleted; the renames run
-    with SIGTERM / SIGHUP / SIGINT held back. A process killed (SIGKILL) in between leaves the old or the new output
-    whole under one of those names, and the next run on ``out`` puts it back (``recover_output``).
+    ``out`` (if any) ``.<out>.old-*``, the new one ``out``, and only then is the old one deleted. The renames run with
+    SIGTERM / SIGHUP / SIGINT held back in this thread; a signal another thread takes in between (the handler raises)
+    rolls them back to the old output. A process killed (SIGKILL) in between leaves the old or the new output whole
+    under one of those names, and the next run on ``out`` puts it back (``recover_output``).
 
     Ownership is checked again at the moment of the replacement: ``out`` must be absent, an empty directory, or
     keepsight's own output of the same ``kind``. Anything else (a directory or file a user made while the work
