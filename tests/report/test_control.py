@@ -50,6 +50,10 @@ def test_the_control_over_seeds_gives_each_arm_a_verdict_against_the_text_only_l
     v = agg["verdicts"]["control"]
     assert v["pvm_sft_no_output_norm"]["yes_no_acc"] == 1 and v["base_with_image"]["yes_no_acc"] == 1
     assert v["pvm_sft"]["yes_no_acc"] == 0  # within the text-only level's interval over seeds
+    # against the LoRA trained the same way (no path to the image): the PVM arms only
+    assert set(agg["verdicts"]["control_vs_lora"]) == {"pvm_sft", "pvm_sft_no_output_norm"}
+    assert agg["verdicts"]["control_vs_lora"]["pvm_sft_no_output_norm"]["yes_no_acc"] == 1
+    assert agg["verdicts"]["control_vs_lora"]["pvm_sft"]["yes_no_acc"] == 0
     assert agg["control"]["verdict.pvm_sft_no_output_norm.gain"]["values"] == pytest.approx([0.055, 0.060, 0.058])
     assert agg["control"]["open.lora.colour.acc"]["n"] == 3
     md = seeds_markdown(agg)
@@ -59,5 +63,7 @@ def test_the_control_over_seeds_gives_each_arm_a_verdict_against_the_text_only_l
 def test_the_report_names_what_an_ablation_arm_changed():
     md = control_markdown(_seed(0.546, 0.550, 0.601, 0.571)["control"])
     assert "| + PVM stage 1 (output_norm=False), image withheld | 0.601 [0.581, 0.621] |" in md
-    assert "+ PVM stage 1 (output_norm=False), image withheld: +0.055 against the text-only level, above it" in md
-    assert "+ LoRA (matched), image withheld: +0.025 against the text-only level, not above it" in md
+    assert ("+ PVM stage 1 (output_norm=False), image withheld: +0.055 against the text-only level, above it; +0.030 "
+            "against the LoRA, not above it") in md
+    assert "+ PVM stage 1, image withheld: +0.004 against the text-only level, not above it; -0.021 against the LoRA" in md
+    assert "+ LoRA (matched), image withheld: +0.025 against the text-only level, not above it (95% intervals)." in md

@@ -29,8 +29,11 @@ VERDICTS = {
         "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "existence": "arms.{arm}.yes_no.categories.existence.acc",
         "scene": "arms.{arm}.yes_no.categories.scene.acc", "colour": "arms.{arm}.yes_no.categories.colour.acc",
         "object_recall": "arms.{arm}.descriptions.chair.object_recall"}},
-    # the image withheld: each arm's yes/no against the base's text-only level
+    # the image withheld: each arm's yes/no against the base's text-only level, and against the LoRA trained the same
+    # way without a path to the image (what training alone gives)
     "control": {"ref": "base", "level": 1, "suffix": "", "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},
+    "control_vs_lora": {"experiment": "control", "ref": "lora", "level": 1, "suffix": "", "only": "pvm_sft",
+                        "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},
 }
 
 
@@ -67,16 +70,16 @@ def aggregate(per_seed: list[dict]) -> dict:
         keys = sorted(set().union(*flats))
         out[experiment] = {k: mean_ci([f.get(k) for f in flats]) for k in keys}
     verdicts: dict = {}
-    for experiment, spec in VERDICTS.items():
-        agg = out.get(experiment)
+    for name, spec in VERDICTS.items():
+        agg = out.get(spec.get("experiment", name))
         if not agg:
             continue
         first = next(iter(spec["metrics"].values())).split(".")[0]
         arms = sorted({k.split(".")[spec["level"]] for k in agg if k.startswith(first + ".")} - {spec["ref"]})
-        for arm in (a for a in arms if a.endswith(spec["suffix"])):
+        for arm in (a for a in arms if a.endswith(spec["suffix"]) and a.startswith(spec.get("only", ""))):
             for metric, template in spec["metrics"].items():
                 a, b = agg.get(template.format(arm=arm)), agg.get(template.format(arm=spec["ref"]))
                 if a and b:
-                    verdicts.setdefault(experiment, {}).setdefault(arm, {})[metric] = separated(a, b)
+                    verdicts.setdefault(name, {}).setdefault(arm, {})[metric] = separated(a, b)
     out["verdicts"] = verdicts
     return out

@@ -36,10 +36,16 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def _verdict(res: dict) -> str:
     parts = []
+    lora = res["arms"].get("lora", {}).get("all")
     for arm, v in res["verdict"].items():
         word = "above" if v["above_text_only"] else "not above"
-        parts.append(f"{_label(arm, res)}: {v['gain']:+.3f} against the text-only level, {word} it (95% intervals)")
-    return "; ".join(parts) + "."
+        part = f"{_label(arm, res)}: {v['gain']:+.3f} against the text-only level, {word} it"
+        if arm != "lora" and lora is not None:  # the fair control: the same training without a path to the image
+            own = res["arms"][arm]["all"]
+            apart = "above" if own["low"] > lora["high"] else "not above"
+            part += f"; {own['acc'] - lora['acc']:+.3f} against the LoRA, {apart} it"
+        parts.append(part)
+    return "; ".join(parts) + " (95% intervals)."
 
 
 def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, str]]:

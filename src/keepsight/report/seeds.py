@@ -51,8 +51,9 @@ def base_rows(agg: dict) -> list[list]:
 def comparison_rows(agg: dict) -> list[list]:
     """experiment, arm, metric, arm, reference, paired difference, verdict."""
     rows = []
-    for experiment, arms in agg.get("verdicts", {}).items():
-        spec = VERDICTS[experiment]
+    for name, arms in agg.get("verdicts", {}).items():
+        spec = VERDICTS[name]
+        experiment = spec.get("experiment", name)
         for arm, metrics in arms.items():
             for metric, v in metrics.items():
                 template = spec["metrics"][metric]
