@@ -1046,7 +1046,7 @@ def _file_fixtures(root: Path, fx: dict, problems: dict) -> None:
     fx["P"] = root / "P.jsonl"
     (root / "P_bad.jsonl").write_text(json.dumps(preds[0]) + "\n{\"id\": \"b\", \"ans\n")
     fx["P_bad"] = root / "P_bad.jsonl"
-    (root / "P_dup.jsonl").write_text("".join(json.dumps({**r, "id": "a"}) + "\n" for r in preds))
+    (root / "P_dup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (preds[0], {**preds[0], "answer": "no"})))
     fx["P_dup"] = root / "P_dup.jsonl"
     from keepsight.atomic import mark, write_output_text
 

@@ -85,8 +85,12 @@ def test_duplicates_in_settings_and_predictions_are_refused(tmp_path, capsys):
     rows = [{"id": "a", "answer": "yes", "reference": "yes"}, {"id": "a", "answer": "no", "reference": "yes"}]
     pred.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["eval", "score", "--pred", str(pred), "--out", str(tmp_path / "s.json")]) == 2
-    assert "ids ['a'] appear more than once" in _error(capsys)
+    assert "ids ['a'] appear more than once with the same prompt" in _error(capsys)
     assert not (tmp_path / "s.json").exists()
+    rows = [{"id": "a", "prompt": "dog?", "answer": "yes", "reference": "yes"},  # two questions about one image
+            {"id": "a", "prompt": "cat?", "answer": "no", "reference": "yes"}]
+    pred.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "score", "--pred", str(pred), "--out", str(tmp_path / "s.json")]) == 0
 
 
 def test_a_list_valued_category_is_refused(tmp_path):

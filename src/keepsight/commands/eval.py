@@ -196,11 +196,12 @@ def run_score(args) -> int:
     records = read_predictions(args.pred)
     if not records:
         raise ValueError(f"--pred {args.pred}: no predictions to score")
-    ids = [r.get("id") for r in records]
-    twice = sorted({str(i) for i in ids if i is not None and ids.count(i) > 1})
+    # one question twice (the same id and prompt) would be scored twice; several questions under one id are fine
+    keys = [(str(r.get("id")), str(r.get("prompt"))) for r in records if r.get("id") is not None]
+    twice = sorted({k[0] for k in keys if keys.count(k) > 1})
     if twice:
-        raise ValueError(f"--pred {args.pred}: ids {twice[:5]} appear more than once; each prediction would be scored "
-                         "twice (merge or drop the duplicates)")
+        raise ValueError(f"--pred {args.pred}: ids {twice[:5]} appear more than once with the same prompt; each "
+                         "would be scored twice (drop the duplicated rows)")
     missing = [r.get("id") for r in records if r.get("reference") is None]
     if missing:
         raise ValueError(f"{len(missing)} predictions have no reference (e.g. id {missing[0]!r}): their rows had no "
