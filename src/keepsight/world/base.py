@@ -448,12 +448,12 @@ def train_base(out: str | os.PathLike, train_cfg: TrainConfig, samples: WorldSam
     """Run ``stages`` (default: every stage of the recipe) in order, skipping finished ones, and finalise when all
     are done. ``out`` must be new, empty or a base of the same request (``prepare_base``)."""
     out = Path(out)
-    prepare_base(out, train_cfg, samples, overwrite)
+    work = prepare_base(out, train_cfg, samples, overwrite)
     summaries = {}
     for stage in train_cfg.stages if stages is None else stages:
         summaries[stage] = train_stage(stage, out, train_cfg, samples, progress=progress, grad_accum=grad_accum,
                                        overwrite=overwrite)
-    if all(stage_done(out, s) for s in train_cfg.stages):
+    if work == out and all(stage_done(out, s) for s in train_cfg.stages):  # a replacement was finalised before its swap
         finalize(out)
     return summaries
 
