@@ -162,6 +162,18 @@ def test_yes_no_categories_sets_the_instruct_stages_yes_no_share(samples):
     assert len(mix) == 12 * len(samples)
 
 
+def test_rehearsal_sets_the_rehearse_tasks_share_and_keys_only_the_recipes_that_use_it(samples):
+    from keepsight.world.base import GROUNDED_RECIPE
+
+    assert "rehearsal" not in tiny_train_config().to_dict()  # a mix without "rehearse" keeps its cache key
+    assert GROUNDED_RECIPE.to_dict()["rehearsal"] == [4, 4]
+    tc = tiny_train_config(instruct_tasks=("rehearse",), rehearsal=(1, 2))
+    assert TrainConfig(**json.loads(json.dumps(tc.to_dict()))) == tc
+    assert len(tc.instruct_mix(samples, 0)) == 3 * len(samples)
+    for bad in ((0, 0), (1,), (1, -1), (1.0, 2), (True, 2), "44"):
+        with pytest.raises(ValueError, match="rehearsal"):
+            tiny_train_config(instruct_tasks=("rehearse",), rehearsal=bad)
+
 def test_the_count_head_reads_the_number_of_objects_from_cls(samples):
     from transformers import CLIPVisionModel
 

@@ -22,6 +22,7 @@ from keepsight.world.texts import (
     lookup_questions,
     open_questions,
     place,
+    rehearsal_questions,
     yes_no_questions,
 )
 
@@ -193,6 +194,28 @@ def test_lookup_questions_read_every_object_and_some_empty_cells():
     assert len(data) == sum(len(lookup_questions(s, cfg)) for s in scenes[:4])
     assert {data.category(i) for i in range(len(data))} == {"lookup"}
 
+
+def test_rehearsal_questions_are_some_lookups_and_true_colour_yes_nos():
+    from keepsight.world.tasks import VLMDataset, WorldSamples
+
+    cfg = world_config()
+    scenes = generate_scenes(cfg, 50, seed=5)
+    for s in scenes:
+        at = {place(o.row, o.col): o for o in s.objects}
+        lookups = lookup_questions(s, cfg)
+        qs = rehearsal_questions(s, cfg, lookups=4, colour_yes_no=4)
+        assert qs == rehearsal_questions(s, cfg, lookups=4, colour_yes_no=4)  # a function of the scene
+        drawn = [q for q in qs if q["kind"] != "colour_yes_no"]
+        assert len(drawn) == min(4, len(lookups)) and all(q in lookups for q in drawn)
+        yes_nos = [q for q in qs if q["kind"] == "colour_yes_no"]
+        assert [q["answer"] for q in yes_nos] == ["yes", "no", "yes", "no"]
+        for q in yes_nos:
+            words = q["question"].split()  # is the object at b3 red ?
+            assert (at[words[4]].colour == words[5]) == (q["answer"] == "yes") and words[5] in cfg.colours
+        assert len(rehearsal_questions(s, cfg, lookups=0, colour_yes_no=3)) == 3
+        assert all(q in lookups for q in rehearsal_questions(s, cfg, lookups=2, colour_yes_no=0))
+    data = VLMDataset(WorldSamples.from_scenes(cfg, scenes[:4]), ("rehearse",), rehearsal=(2, 2))
+    assert len(data) == 16 and [data.category(i) for i in range(4)] == ["lookup", "lookup", "colour", "colour"]
 
 def test_load_world_returns_a_dataset(tmp_path):
     cfg = world_config()

@@ -25,6 +25,7 @@ from .texts import (
     description,
     lookup_questions,
     open_questions,
+    rehearsal_questions,
     varied_description,
     yes_no_questions,
 )
@@ -156,6 +157,8 @@ class VLMDataset(torch.utils.data.Dataset):
     "lookup" (``texts.lookup_questions``: the colour and shape of every object by its cell, asked directly and with
     the cell restated in the answer, and "what is at ..." for two empty cells: answers that can only come from
     reading the named cell),
+    "rehearse" (``texts.rehearsal_questions``: ``rehearsal[0]`` of the scene's lookups and ``rehearsal[1]`` colour
+    yes/no questions, which keep the ground stage's reading through instruct),
     "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
     "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
     ``texts.count_questions``),
@@ -165,10 +168,11 @@ class VLMDataset(torch.utils.data.Dataset):
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
-             "chat_image", "lookup", "describe_ask")
+             "chat_image", "lookup", "describe_ask", "rehearse")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
-                 yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16):
+                 yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16,
+                 rehearsal: tuple[int, int] = (4, 4)):
         unknown = set(mix) - set(self.TASKS)
         if unknown:
             raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
@@ -218,6 +222,10 @@ class VLMDataset(torch.utils.data.Dataset):
                 qs = lookup_questions(s, samples.config)
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
                 self.categories += ["lookup"] * len(qs)
+            if "rehearse" in mix:
+                qs = rehearsal_questions(s, samples.config, *rehearsal)
+                self.items += [(i, q["question"], q["answer"]) for q in qs]
+                self.categories += ["colour" if q["kind"] == "colour_yes_no" else "lookup" for q in qs]
             if "describe_varied" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(describe_repeats)]
                 self.categories += ["describe_varied"] * describe_repeats
@@ -281,12 +289,13 @@ INSTRUCT_TASKS = ("describe", "caption", "yes_no", "open", "cells")
 
 
 def instruct_data(samples: WorldSamples, seed: int = 0, tasks: tuple[str, ...] = INSTRUCT_TASKS,
-                  max_turns: int = 16, yes_no_categories: int = 2) -> VLMDataset:
+                  max_turns: int = 16, yes_no_categories: int = 2,
+                  rehearsal: tuple[int, int] = (4, 4)) -> VLMDataset:
     """The instruction mix the method recipes train on (PVM stage 1, the LoRA control, bridge phase 2): the
     base's instruct tasks, each description three times (with length-grouped batches about a quarter of the
     steps)."""
     return VLMDataset(samples, tasks, seed, yes_no_categories=yes_no_categories, describe_repeats=3,
-                      max_turns=max_turns)
+                      max_turns=max_turns, rehearsal=rehearsal)
 
 
 def caption_data(samples: WorldSamples, seed: int = 0) -> VLMDataset:

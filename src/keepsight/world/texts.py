@@ -187,6 +187,28 @@ def lookup_questions(scene: Scene, config: WorldConfig, empty: int = 2) -> list[
     return out
 
 
+def rehearsal_questions(scene: Scene, config: WorldConfig, lookups: int = 4, colour_yes_no: int = 4) -> list[dict]:
+    """What keeps the ground stage's reading through instruct (the grounded recipe's "rehearse" task): ``lookups``
+    of the scene's ``lookup_questions``, and ``colour_yes_no`` colour questions "is the object at b3 red ?" about
+    objects drawn from the scene's seed, "yes" and "no" in turn (a "no" names another colour, drawn uniformly).
+
+    Without them instruct undoes the lookup (the direct colour answer falls from 1.00 after ``ground`` to the
+    scene prior's 0.70), and the yes/no colour category stays at chance on some seeds while the open colour answer
+    is right (README: the grounded recipe)."""
+    qs = lookup_questions(scene, config)
+    rng = np.random.default_rng([scene.seed, scene.index, 7])
+    out = [qs[int(i)] for i in sorted(rng.choice(len(qs), size=min(lookups, len(qs)), replace=False))]
+    for j in range(colour_yes_no if scene.objects else 0):
+        o = scene.objects[int(rng.integers(len(scene.objects)))]
+        colour, answer = o.colour, "yes"
+        if j % 2:
+            others = [c for c in config.colours if c != o.colour]
+            colour, answer = others[int(rng.integers(len(others)))], "no"
+        out.append({"kind": "colour_yes_no", "question": f"is the object at {place(o.row, o.col)} {colour} ?",
+                    "answer": answer})
+    return out
+
+
 def scene_vocabulary() -> list[str]:
     """Every word any text of any world can use (independent of the difficulty, so tokenizers are shared)."""
     words = set(NUMBER_WORDS) | set(ALL_SCENES) | set(ALL_SHAPES) | set(ALL_COLOURS) | set(ALL_SIZES)
