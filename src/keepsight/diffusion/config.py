@@ -58,7 +58,7 @@ class MPSConfig(_PaperDefaults):
 
     @classmethod
     def lavida(cls, **overrides) -> MPSConfig:
-        """The paper's LaViDa setting: lam 0.3."""
+        """The paper's LaViDa setting: lam 0.3 (MPD-PAC's LaViDa fork commits keepsight's tokens at it: README)."""
         return cls(**{"lam": 0.3, **overrides})
 
     def __post_init__(self) -> None:
@@ -106,7 +106,9 @@ class MRSConfig(_PaperDefaults):
 
     @classmethod
     def lavida(cls, **overrides) -> MRSConfig:
-        """The paper's LaViDa setting: eta 12 (beta 0.01, tau0 0.6)."""
+        """The paper's LaViDa setting: eta 12 (beta 0.01, tau0 0.6), with the LLaDA-V fork's working math. MPD-PAC's
+        LaViDa fork computes these scales but never applies them (its blocks are called without MRS's arguments:
+        plain RoPE; README, "LaViDa, as MPD-PAC's fork releases it")."""
         return cls(**{"eta": 12.0, **overrides})
 
     def __post_init__(self) -> None:
