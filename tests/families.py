@@ -262,12 +262,15 @@ QWEN_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
 QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what Qwen's chat templates write for an image
 
 
-def _gemma4(seed: int) -> tuple[PreTrainedModel, ProcessorMixin]:
+def _gemma4(seed: int, kv_shared: int = 0) -> tuple[PreTrainedModel, ProcessorMixin]:
     """Gemma 4 (dense, as the 31B): Gemma 4 vision encoder (patch 8, 2-D RoPE, 2x2 pooling; images kept at their
     aspect ratio, up to 70 soft tokens: its least budget), Gemma 4 decoder (sliding layers with head 8, a global one
     with head 16, bidirectional attention over image tokens); the template writes ``<|image|>``, which the processor
     expands to ``<start_of_image>`` + n x ``<|image|>`` + ``<end_of_image>``. Processor:
-    ``Gemma4ProcessorImageOnly``."""
+    ``Gemma4ProcessorImageOnly``. ``kv_shared`` > 0: as the E2B / E4B checkpoints are built, the last ``kv_shared``
+    of 4 layers (sliding, global, sliding, global) reuse the keys / values of the last earlier layer of their kind,
+    with per-layer inputs (width 8); at prefill transformers runs those layers on the last ``logits_to_keep``
+    positions only."""
     tok = _tokenizer(named={"image_token": "<|image|>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
                             "video_token": "<|video|>", "audio_token": "<audio_soft_token>",
                             "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>"},
@@ -275,9 +278,13 @@ def _gemma4(seed: int) -> tuple[PreTrainedModel, ProcessorMixin]:
     images = Gemma4ImageProcessorPil(patch_size=8, max_soft_tokens=70, pooling_kernel_size=2)  # 70: its least
     proc = Gemma4ProcessorImageOnly(Gemma4AudioFeatureExtractor(), images, tok, chat_template=tok.chat_template,
                                     image_seq_length=70)
-    text = _text("gemma4_text", tok, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                 sliding_window=512, global_head_dim=16, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
-                 use_bidirectional_attention="vision", hidden_activation="gelu_pytorch_tanh")
+    layers = (["sliding_attention", "full_attention"] * 2 if kv_shared else
+              ["sliding_attention", "sliding_attention", "full_attention"])
+    text = _text("gemma4_text", tok, layer_types=layers, num_hidden_layers=len(layers), sliding_window=512,
+                 global_head_dim=16, num_kv_shared_layers=kv_shared, use_bidirectional_attention="vision",
+                 hidden_activation="gelu_pytorch_tanh",
+                 **(dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=len(tok)) if kv_shared else
+                    dict(hidden_size_per_layer_input=0)))
     ids = tok.convert_tokens_to_ids
     cfg = Gemma4Config(
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -243,3 +243,38 @@ def test_several_images_per_sample_and_text_only_rows(processor):
         with pvm_disabled(model):
             base = model(**plain).logits
     assert torch.equal(with_pvm, base)
+
+
+def test_pvm_on_gemma4_kv_shared_layers_generates_as_the_full_forward():
+    """Gemma 4's KV-shared layers (E2B / E4B: the last ones) run on the last ``logits_to_keep`` positions only at
+    prefill, so a PVM block there sees a suffix of the tracked positions: gate 0 is the model, and with the gate open
+    the cached generation equals a full forward over the generated sequence."""
+    from PIL import Image
+
+    from families import _gemma4, family_batch
+    from keepsight.models import arch_info, arch_spec
+
+    model, processor = _gemma4(0, kv_shared=2)
+    assert model.model.language_model.first_kv_shared_layer_idx == 2
+    row = family_batch(processor, ["describe the scene ."], [Image.new("RGB", (64, 64), (200, 20, 20))])
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=processor.tokenizer.pad_token_id,
+              bad_words_ids=[[t] for t in arch_info(model).visual_token_ids])
+    base = model.generate(**row, **kw)
+    attach_pvm(model, PVMConfig(layers=[1, 2, 3]))  # one layer before the shared ones, two of them
+    assert torch.equal(model.generate(**row, **kw), base)
+    with torch.no_grad():
+        for p in pvm_parameters(model):
+            p.add_(torch.randn_like(p) * 0.5)
+    out = model.generate(**row, **kw, output_scores=True, return_dict_in_generate=True)
+    ids = out.sequences[:, :-1]
+    full = dict(row, input_ids=ids, attention_mask=torch.ones_like(ids))
+    extra = ids.shape[1] - row["input_ids"].shape[1]
+    for key in arch_spec("gemma4").token_inputs:  # processor outputs aligned with the ids, extended over new tokens
+        if key in row:
+            full[key] = torch.cat([row[key], torch.zeros(1, extra, dtype=row[key].dtype)], 1)
+    with torch.no_grad():
+        logits = model(**full).logits
+    n = row["input_ids"].shape[1]
+    for step, scores in enumerate(out.scores):
+        fin = torch.isfinite(scores)
+        torch.testing.assert_close(scores[fin], logits[:, n - 1 + step][fin], atol=1e-4, rtol=1e-4)

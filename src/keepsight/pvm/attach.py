@@ -50,6 +50,7 @@ class _State:
     input_visual: torch.Tensor | None = None  # [B, T_in] visual positions of the current forward
     queries: dict = field(default_factory=dict)  # layer key -> the released block's query of the current forward
     enabled: bool = True
+    suffix_from: int | None = None  # layers from here may run on the last positions only (Gemma 4's KV-shared ones)
     record_norms: bool = False  # when True, the FFN hooks store norms and retrieval statistics per layer
     norms: dict = field(default_factory=dict)  # layer key -> (sum ||pvm||, sum ||ffn||) at text positions
     retrieval: dict = field(default_factory=dict)  # layer key -> summed retrieval statistics (see retrieval_stats)
@@ -85,7 +86,11 @@ def attach_pvm(model: nn.Module, config: PVMConfig | None = None) -> nn.Module:
     dtype = torch.float32 if config.master_dtype == "float32" else ref.dtype
     model.pvm = nn.ModuleDict({str(i): build_block(info.layer_config(i), config) for i in layers}).to(
         ref.device, dtype)
-    st = _State(config=config, layers=layers, visual_ids=info.visual_token_ids)
+    # Gemma 4 runs its KV-shared layers (the last num_kv_shared_layers) on the last logits_to_keep positions only at
+    # prefill (what generate asks for): their FFN sees a suffix of the positions PVM tracks
+    shared = getattr(info.language_model.config, "num_kv_shared_layers", 0) or 0
+    st = _State(config=config, layers=layers, visual_ids=info.visual_token_ids,
+                suffix_from=len(info.layers) - shared if shared else None)
     model._keepsight_pvm = st
     st.hooks.append(model.register_forward_pre_hook(_top_pre_hook, with_kwargs=True))
     st.hooks.append(model.register_forward_hook(_top_hook))
@@ -267,7 +272,12 @@ def _make_ffn_hook(model, key: str):
         if text_mask is None or mem is None:
             raise RuntimeError("PVM: the FFN ran outside a forward of the model PVM is attached to")
         if text_mask.shape != query.shape[:2]:
-            raise RuntimeError(f"PVM: FFN input {tuple(query.shape[:2])} but {tuple(text_mask.shape)} tracked tokens")
+            suffix = (st.suffix_from is not None and int(key) >= st.suffix_from
+                      and text_mask.shape[0] == query.shape[0] and query.shape[1] < text_mask.shape[1])
+            if not suffix:
+                raise RuntimeError(f"PVM: FFN input {tuple(query.shape[:2])} but {tuple(text_mask.shape)} tracked "
+                                   "tokens")
+            text_mask = text_mask[:, -query.shape[1]:]  # a KV-shared layer's positions: the last ones
         block = model.pvm[key]
         projected = None
         if st.config.cache_visual and not torch.is_grad_enabled():  # inference: the visual side once per sequence
