@@ -52,6 +52,26 @@ def family(request, tmp_path_factory):
     return kind, path, model, processor, batch, rows
 
 
+def test_a_directory_without_a_processor_is_refused_by_name(family, tmp_path):
+    """Weights, config and tokenizer only (as many fine-tuned checkpoints are shipped): one clear error naming the
+    missing files and how to supply them, for every family (not transformers' raw OSError or an empty ImportError)."""
+    import shutil
+
+    from keepsight.models.checkpoint import PROCESSOR_FILES
+
+    kind, path, *_ = family
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    for name in PROCESSOR_FILES:
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match=r"has no processor: none of processor_config\.json, "
+                                         r"preprocessor_config\.json.*save_pretrained"):
+        load_checkpoint(bare, dtype="float32", device="cpu")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match=r"has no processor \(nor a tokenizer\)"):
+        load_checkpoint(bare, dtype="float32", device="cpu")
+
 def _gen(model, processor, enc, **kw):
     return model.generate(**enc, max_new_tokens=NEW, pad_token_id=processor.tokenizer.pad_token_id,
                           **{"do_sample": False, **kw})

@@ -47,6 +47,8 @@ from .weights import check_finite_weights, check_weights
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # a saved processor's / image processor's
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # a row's processor_fallback -> the class that builds it from a directory (when the directory's own cannot be built)
 FALLBACKS = {"QwenImageProcessor": QwenImageProcessor, **IMAGE_ONLY}
 
@@ -158,6 +160,14 @@ def load_processor(path: str | os.PathLike, kind: str | None = None):
     """The directory's processor; the table's fallback (image-only Qwen-VL) where AutoProcessor cannot build it."""
     path = Path(path)
     spec = arch_spec(kind or checkpoint_kind(path))
+    if not any((path / f).is_file() for f in PROCESSOR_FILES):
+        tokenizer = "" if any((path / f).is_file() for f in TOKENIZER_FILES) else " (nor a tokenizer)"
+        raise ValueError(
+            f"{path} has no processor{tokenizer}: none of {', '.join(PROCESSOR_FILES)} is there, and a "
+            f"{spec.kind} processor's image settings (sizes, normalisation, tiling) cannot be read from config.json. "
+            "Many fine-tuned checkpoints are shipped without one: save the processor of the checkpoint it was "
+            "fine-tuned from beside the weights (from Python: AutoProcessor.from_pretrained(BASE).save_pretrained("
+            f"'{path}')) and load again")
     register_model_types()  # the image-only processors, where torchvision is missing
     fallback = FALLBACKS.get(spec.processor_fallback)
     try:
