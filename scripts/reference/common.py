@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 
 def state_digest(state: dict) -> str:
@@ -14,3 +17,29 @@ def state_digest(state: dict) -> str:
         h.update(k.encode())
         h.update(state[k].detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def git_commit(path) -> str | None:
+    """The HEAD commit of the git checkout (or bare clone) at ``path``; None where it is not one."""
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def read_source(repo, rel: str) -> bytes:
+    """The bytes of ``rel`` in a checkout at ``repo``, or at a bare clone's HEAD."""
+    if (Path(repo) / rel).is_file():
+        return (Path(repo) / rel).read_bytes()
+    return subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{rel}"], capture_output=True, check=True).stdout
+
+
+def ensure_venv(venv, pins) -> Path:
+    """The python of the reference's own venv at ``venv``, created with ``pins`` from the package index on first
+    use (never keepsight's)."""
+    python = Path(venv) / "bin" / "python"
+    if not python.is_file():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True)
+    return python

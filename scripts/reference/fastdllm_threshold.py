@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mps_mrs_released as base  # noqa: E402  (the tiny LLaDA, the reference venv, the released model's loader)
+from common import ensure_venv, git_commit  # noqa: E402
 
 FIXTURES = base.ROOT / "tests" / "fixtures" / "reference" / "fast_dllm"
 GENERATE = "llada/generate.py"
@@ -74,9 +75,9 @@ def main() -> None:
         files.update({name: base.source(llada, rel, work / "llada-v") for name, rel in base.LLADA_V_FILES.items()})
         (work / "sources.json").write_text(json.dumps({k: str(v) for k, v in files.items()}))
         meta = setup(work)
-        meta["reference_commits"] = {"Fast-dLLM": base._git_commit(fast), "MPD-PAC": base._git_commit(mpd) or args.mpd_pac_commit,
-                                     "LLaDA-V": base._git_commit(llada)}
-        python = base.ensure_venv()
+        meta["reference_commits"] = {"Fast-dLLM": git_commit(fast), "MPD-PAC": git_commit(mpd) or args.mpd_pac_commit,
+                                     "LLaDA-V": git_commit(llada)}
+        python = ensure_venv(base.VENV, base.PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"]), "HF_HUB_OFFLINE": "1"}
         subprocess.run([str(python), __file__, "--fast-dllm", args.fast_dllm, "--mpd-pac", args.mpd_pac,
                         "--llada-v", args.llada_v, "--inner", str(work)], check=True, env=env)

@@ -40,7 +40,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import state_digest  # noqa: E402
+from common import ensure_venv, git_commit, read_source, state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "mps_mrs_lavida"
@@ -95,31 +95,6 @@ def setup(work: Path) -> dict:
     return {"base_digest": state_digest(model.state_dict()), "torch_threads": torch.get_num_threads()}
 
 
-def _git_commit(path: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def source(repo: Path, rel: str, out: Path) -> None:
-    """``rel`` of a checkout, or of a bare clone's HEAD, written to ``out`` (in the temporary work directory)."""
-    if (repo / rel).is_file():
-        out.write_bytes((repo / rel).read_bytes())
-    else:
-        out.write_bytes(subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{rel}"], capture_output=True,
-                                       check=True).stdout)
-
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.is_file():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PINS], check=True)
-    return python
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mpd-pac", required=True, help="a checkout of github.com/hong-sujung/MPD-PAC")
@@ -136,12 +111,12 @@ def main() -> None:
         (package / "__init__.py").write_text("")
         mpd, lavida = Path(args.mpd_pac), Path(args.lavida)
         for name in FORK_FILES:
-            source(mpd, f"{FORK}/{name}", package / name)
-        source(lavida, LAVIDA_CONFIG, package / "configuration_llada.py")
+            (package / name).write_bytes(read_source(mpd, f"{FORK}/{name}"))
+        (package / "configuration_llada.py").write_bytes(read_source(lavida, LAVIDA_CONFIG))
         meta = setup(work)
-        meta["reference_commits"] = {"MPD-PAC": _git_commit(mpd) or args.mpd_pac_commit,
-                                     "LaViDa": _git_commit(lavida)}
-        python = ensure_venv()
+        meta["reference_commits"] = {"MPD-PAC": git_commit(mpd) or args.mpd_pac_commit,
+                                     "LaViDa": git_commit(lavida)}
+        python = ensure_venv(VENV, PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"]), "HF_HUB_OFFLINE": "1"}
         subprocess.run([str(python), __file__, "--mpd-pac", args.mpd_pac, "--lavida", args.lavida,
                         "--inner", str(work)], check=True, env=env)

@@ -36,7 +36,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import state_digest  # noqa: E402
+from common import ensure_venv, git_commit, read_source, state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "mps_mrs"
@@ -105,31 +105,15 @@ def setup(work: Path) -> dict:
 # ----------------------------------------------------------------------------- the sources
 
 
-def _git_commit(path: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def source(repo: Path, rel: str, scratch: Path) -> Path:
     """``rel`` in a checkout, or extracted from a bare clone's HEAD into ``scratch`` (a temporary directory)."""
     if (repo / rel).is_file():
         return repo / rel
-    text = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{rel}"], capture_output=True, check=True).stdout
+    text = read_source(repo, rel)
     out = scratch / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(text)
     return out
-
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.is_file():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PINS], check=True)
-    return python
 
 
 def main() -> None:
@@ -148,8 +132,8 @@ def main() -> None:
         files.update({name: source(llada, rel, work / "llada-v") for name, rel in LLADA_V_FILES.items()})
         (work / "sources.json").write_text(json.dumps({k: str(v) for k, v in files.items()}))
         meta = setup(work)
-        meta["reference_commits"] = {"MPD-PAC": _git_commit(mpd) or args.mpd_pac_commit, "LLaDA-V": _git_commit(llada)}
-        python = ensure_venv()
+        meta["reference_commits"] = {"MPD-PAC": git_commit(mpd) or args.mpd_pac_commit, "LLaDA-V": git_commit(llada)}
+        python = ensure_venv(VENV, PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"]), "HF_HUB_OFFLINE": "1"}
         subprocess.run([str(python), __file__, "--mpd-pac", args.mpd_pac, "--llada-v", args.llada_v,
                         "--inner", str(work)], check=True, env=env)

@@ -49,7 +49,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import state_digest  # noqa: E402
+from common import ensure_venv, git_commit, state_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "opera"
@@ -205,14 +205,6 @@ def setup(work: Path) -> dict:
 # ----------------------------------------------------------------------------- the sources
 
 
-def _git_commit(path: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def source(repo: Path, scratch: Path) -> Path:
     """OPERA's generation/utils.py in a checkout, or extracted from a bare clone's HEAD into ``scratch``."""
     if (repo / UTILS).is_file():
@@ -222,14 +214,6 @@ def source(repo: Path, scratch: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(text)
     return out
-
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.is_file():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PINS], check=True)
-    return python
 
 
 def main() -> None:
@@ -246,9 +230,9 @@ def main() -> None:
         repo = Path(args.opera)
         utils = source(repo, work / "opera")
         meta = setup(work)
-        meta["reference_commit"] = _git_commit(repo) or args.opera_commit
+        meta["reference_commit"] = git_commit(repo) or args.opera_commit
         meta["reference_file"] = UTILS
-        python = ensure_venv()
+        python = ensure_venv(VENV, PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"]), "HF_HUB_OFFLINE": "1"}
         subprocess.run([str(python), __file__, "--opera", args.opera, "--inner", str(work), "--utils", str(utils)],
                        check=True, env=env)

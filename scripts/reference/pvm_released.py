@@ -27,6 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ensure_venv, git_commit  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "pvm"
 VENV = ROOT / ".venv-reference" / "pvm"
@@ -113,7 +116,7 @@ def state_digest(state: dict) -> str:
 def reference_tree(path: Path, scratch: Path) -> tuple[Path, str | None]:
     """A directory holding the release's ``modeling_file/`` and the commit it is at: a checkout as it is, or the
     files of a bare clone's HEAD extracted to ``scratch`` (a temporary directory, never the project)."""
-    commit = _git_commit(path)
+    commit = git_commit(path)
     if (path / "modeling_file" / "modeling_qwen3_vl.py").is_file():
         return path, commit
     if commit is None:
@@ -123,14 +126,6 @@ def reference_tree(path: Path, scratch: Path) -> tuple[Path, str | None]:
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
     return scratch, commit
-
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.is_file():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PINS], check=True)
-    return python
 
 
 def main() -> None:
@@ -145,7 +140,7 @@ def main() -> None:
         reference, commit = reference_tree(Path(args.reference), work / "reference")
         meta = tiny_setup(work)
         meta["reference_commit"] = commit
-        python = ensure_venv()
+        python = ensure_venv(VENV, PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"])}
         subprocess.run([str(python), __file__, "--reference", str(reference), "--inner", str(work)], check=True,
                        env=env)
@@ -222,14 +217,6 @@ def run_reference(work: Path, reference: Path) -> None:
         "reference": "github.com/huaixuheqing/PVM modeling_file/modeling_qwen3_vl.py",
         "transformers": transformers.__version__,
         "torch": torch.__version__, "pvm_layers": LAYERS, "pvm_hidden_size": HIDDEN, "new_tokens": NEW_TOKENS}))
-
-
-def _git_commit(path: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 if __name__ == "__main__":

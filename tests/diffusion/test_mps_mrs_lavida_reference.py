@@ -23,16 +23,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "mps_mrs_lavida"
 sys.path.insert(0, str(ROOT / "scripts" / "reference"))
 import mps_mrs_lavida_released as lavida  # noqa: E402
 import mps_mrs_released as gen  # noqa: E402  (the tiny model and prompt both fixtures use)
-
-
-class _Tok:
-    """What MPS's fit reads of a tokenizer: the mask id (LLaDA's)."""
-
-    mask_token_id = 126336
-    all_special_ids: list = []
-
-    def __len__(self):
-        return 126464
+from test_mps_mrs_reference import _Tok  # noqa: E402  (what MPS's fit reads of LLaDA's tokenizer)
 
 
 @pytest.fixture(scope="module")
