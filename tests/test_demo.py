@@ -53,7 +53,10 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     # PVM's mechanism control: the arms scored with the image withheld, each with its interval, and a verdict
     control = saved["control"]
     assert list(control["arms"]) == ["base_with_image", "base", "pvm_sft", "pvm_sft_no_output_norm", "lora"]
-    assert control["arms"]["base_with_image"]["all"]["acc"] == base["yes_no"]["overall_acc"]
+    assert control["ordinary"]["base_with_image"]["all"]["acc"] == base["yes_no"]["overall_acc"]
+    assert list(control["ordinary"]) == list(control["arms"])  # the ordinary set beside the prior-balanced one
+    n_balanced, n_ordinary = control["arms"]["base"]["all"]["n"], control["ordinary"]["base"]["all"]["n"]
+    assert n_ordinary < n_balanced <= 2 * n_ordinary  # each question with its twin (some have none among 16 scenes)
     assert all(v["low"] <= v["acc"] <= v["high"] for arm in control["arms"].values() for v in arm.values())
     assert set(control["verdict"]) == {"pvm_sft", "pvm_sft_no_output_norm", "lora"} and "PVM mechanism control" in html
     # the ablation arm: its own adapter, the block without its output norm

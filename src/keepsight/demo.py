@@ -173,13 +173,11 @@ PROFILES = {
     # `--profile control`: PVM's mechanism control on the seed-0 base (shared with the other profiles): PVM stage 1 and
     # the matched LoRA trained with the image withheld from the language model, scored the same way
     "control": DemoProfile(name="control", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
-                           control=PVMControl(pvm=PVM_BLOCK, sft=PVM_SFT)),
-    # `--profile control-grounded`: the same control on the grounded recipe's base, 3 seeds, with the released block and
-    # the block without its output norm (an ablation) beside the LoRA; each arm's yes/no against the text-only level
+                           control=PVMControl(pvm=PVM_BLOCK)),
+    # `--profile control-grounded`: the same control on the grounded recipe's base, 3 seeds, the released block beside
+    # the LoRA; each arm's prior-balanced yes/no against the text-only level
     "control-grounded": DemoProfile(name="control-grounded", n_train=4000, n_eval=200, n_dilution=150,
-                                    train=GROUNDED_RECIPE, seeds=(0, 1, 2),
-                                    control=PVMControl(pvm=PVM_BLOCK, sft=PVM_SFT,
-                                                       ablations={"pvm_sft_no_output_norm": {"output_norm": False}})),
+                                    train=GROUNDED_RECIPE, seeds=(0, 1, 2), control=PVMControl(pvm=PVM_BLOCK)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(

@@ -152,3 +152,12 @@ def test_the_scorers_read_yes_no_by_their_rules():
         from keepsight.metrics import parse_yes_no
 
         parse_yes_no("yes", "llava")
+
+
+def test_a_wilson_interval_holds_its_rate_at_the_ends():
+    from keepsight.metrics import wilson
+    for n in (1, 7, 52, 320, 4800):
+        for k in (0, 1, n // 2, n - 1, n):
+            low, high = wilson(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0
+    assert wilson(320, 320)[1] == 1.0 and wilson(0, 320)[0] == 0.0  # exact at the ends (rounding once gave 1 - 1e-16)

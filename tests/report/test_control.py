@@ -39,6 +39,7 @@ def _seed(text_only, pvm, ablated, lora):
     return {"control": {
         "config": {"ablations": {"pvm_sft_no_output_norm": {"output_norm": False}}},
         "arms": {a: {"all": _rate(v), "colour": _rate(v)} for a, v in arms.items()},
+        "ordinary": {a: {"all": _rate(v + 0.1)} for a, v in arms.items()},
         "open": {a: {"colour": _rate(v / 2)} for a, v in arms.items()},
         "verdict": {a: {"above_text_only": arms[a] - 0.02 > text_only + 0.02, "gain": arms[a] - text_only}
                     for a in ("pvm_sft", "pvm_sft_no_output_norm", "lora")}}}
@@ -67,3 +68,6 @@ def test_the_report_names_what_an_ablation_arm_changed():
             "against the LoRA, not above it") in md
     assert "+ PVM stage 1, image withheld: +0.004 against the text-only level, not above it; -0.021 against the LoRA" in md
     assert "+ LoRA (matched), image withheld: +0.025 against the text-only level, not above it (95% intervals)." in md
+    # the ordinary set (the priors' lens) after the verdict, the open answers last
+    assert md.index("prior-balanced") < md.index("ordinary yes/no set") < md.index("open answers")
+    assert "| + LoRA (matched), image withheld | 0.671 [0.651, 0.691] |" in md

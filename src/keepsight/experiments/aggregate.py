@@ -16,7 +16,7 @@ PATHS = {
     "bridge": ["arms.*.yes_no.overall_acc", "arms.*.yes_no.categories.*.acc", "arms.*.history.by_length.*.acc",
                "arms.*.history.drop.diff", "arms.*.descriptions.chair.object_recall",
                "arms.*.descriptions.chair.exact_recall", "write_gate.*.gate_mean", "write_gate.*.gate_std"],
-    "control": ["arms.*.*.acc", "open.*.*.acc", "verdict.*.gain"],
+    "control": ["arms.*.*.acc", "ordinary.*.*.acc", "open.*.*.acc", "verdict.*.gain"],
 }
 # experiment -> the reference arm, which arms to compare with it (their names sit at position ``level`` of the
 # paths, those ending in ``suffix``), and metric -> path template: each compared arm gets a verdict per metric
@@ -29,8 +29,8 @@ VERDICTS = {
         "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "existence": "arms.{arm}.yes_no.categories.existence.acc",
         "scene": "arms.{arm}.yes_no.categories.scene.acc", "colour": "arms.{arm}.yes_no.categories.colour.acc",
         "object_recall": "arms.{arm}.descriptions.chair.object_recall"}},
-    # the image withheld: each arm's yes/no against the base's text-only level, and against the LoRA trained the same
-    # way without a path to the image (what training alone gives)
+    # the image withheld: each arm's prior-balanced yes/no against the base's text-only level (0.5 by construction),
+    # and against the LoRA trained the same way without a path to the image (what training alone gives)
     "control": {"ref": "base", "level": 1, "suffix": "", "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},
     "control_vs_lora": {"experiment": "control", "ref": "lora", "level": 1, "suffix": "", "only": "pvm_sft",
                         "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},

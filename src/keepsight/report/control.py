@@ -48,17 +48,25 @@ def _verdict(res: dict) -> str:
     return "; ".join(parts) + " (95% intervals)."
 
 
+INTRO = ("The image's tokens masked out of the language model's attention; its embeddings stay in PVM's visual memory. "
+         "Yes/no on the prior-balanced set: every question asked of its own scene and of another where the same "
+         "words have the other answer, so a model that does not see the image scores exactly 0.500. PVM must rise "
+         "above the base's text-only level; the LoRA cannot. 95% Wilson intervals.")
+ORDINARY = ("The same arms on the ordinary yes/no set (each scene's own questions), where the question's words carry "
+            "the world's priors:")
+
+
 def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, str]]:
-    intro = ("<p>The image's tokens masked out of the language model's attention; its embeddings stay in PVM's "
-             "visual memory. PVM must lift held-out yes/no above the base's text-only level, the LoRA must not. "
-             "Accuracy with 95% Wilson intervals; open answers (exact match) beside them.</p>")
     return [("PVM mechanism control: the image only in PVM's memory",
-             intro + table(*_rows(res["arms"], res)) + f"<p>{_verdict(res)}</p>" + "<p>Open answers:</p>"
-             + table(*_rows(res["open"], res)))]
+             f"<p>{INTRO}</p>" + table(*_rows(res["arms"], res)) + f"<p>{_verdict(res)}</p>"
+             + (f"<p>{ORDINARY}</p>" + table(*_rows(res["ordinary"], res)) if "ordinary" in res else "")
+             + "<p>Open answers:</p>" + table(*_rows(res["open"], res)))]
 
 
 def control_markdown(res: dict) -> str:
-    lines = ["", "PVM mechanism control (the image withheld from the language model, held-out yes/no, 95% intervals):",
-             "", *_md_table(*_rows(res["arms"], res)), "", _verdict(res), "",
-             "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"], res))]
+    lines = ["", "PVM mechanism control (the image withheld from the language model, held-out prior-balanced yes/no, "
+             "95% intervals):", "", *_md_table(*_rows(res["arms"], res)), "", _verdict(res)]
+    if "ordinary" in res:
+        lines += ["", ORDINARY, "", *_md_table(*_rows(res["ordinary"], res))]
+    lines += ["", "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"], res))]
     return "\n".join(lines)

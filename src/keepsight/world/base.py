@@ -139,10 +139,15 @@ class TrainConfig:
             d["rehearsal"] = list(self.rehearsal)
         return d
 
-    def instruct_mix(self, samples: WorldSamples, seed: int) -> VLMDataset:
+    def instruct_mix(self, samples: WorldSamples, seed: int, balanced: bool = False) -> VLMDataset:
         """The instruct stage's data on ``samples`` (its tasks, conversation length and yes/no share): what the method
-        recipes (PVM stage 1, the LoRA control, full fine-tuning, a bridge's phase 2) train on beside this base."""
-        return instruct_data(samples, seed, self.instruct_tasks, self.max_turns, self.yes_no_categories, self.rehearsal)
+        recipes (PVM stage 1, the LoRA control, full fine-tuning, a bridge's phase 2) train on beside this base.
+        ``balanced``: the yes/no task asks each question with its twin ("yes_no_balanced", the PVM mechanism
+        control's data) instead of "yes_no"."""
+        tasks = self.instruct_tasks
+        if balanced:
+            tasks = tuple(t for t in tasks if t != "yes_no") + ("yes_no_balanced",)
+        return instruct_data(samples, seed, tasks, self.max_turns, self.yes_no_categories, self.rehearsal)
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -62,15 +62,20 @@ def generate_answers(model, processor, prompts: list[str], images: list, max_new
 
 
 def evaluate_yes_no(model, processor, samples: WorldSamples, batch_size: int = 64,
-                    decode: bool = False) -> tuple[dict, list[dict]]:
+                    decode: bool = False, items: list[dict] | None = None) -> tuple[dict, list[dict]]:
     """Yes/no accuracy by category. ``decode``: the first answer token by ``generate`` (left padding; what a
-    decoding-time method such as a ``keepsight.baselines`` one changes) instead of one right-padded forward."""
+    decoding-time method such as a ``keepsight.baselines`` one changes) instead of one right-padded forward.
+    ``items``: the questions to ask, each naming its scene by index (``{"scene", "category", "question",
+    "answer"}``, e.g. ``balanced.balanced_yes_no``) instead of every scene's ``yes_no_questions``."""
+    if items is None:
+        items = [{"scene": i, **q} for i, scene in enumerate(samples.scenes)
+                 for q in yes_no_questions(scene, samples.config)]
     records, prompts, images = [], [], []
-    for scene, img in zip(samples.scenes, samples.images):
-        for q in yes_no_questions(scene, samples.config):
-            records.append({"image": scene.id, **q})
-            prompts.append(q["question"])
-            images.append(img)
+    for item in items:
+        scene = samples.scenes[item["scene"]]
+        records.append({"image": scene.id, **{k: v for k, v in item.items() if k != "scene"}})
+        prompts.append(item["question"])
+        images.append(samples.images[item["scene"]])
     if decode:
         preds = generate_answers(model, processor, prompts, images, max_new_tokens=1, batch_size=batch_size)
     else:

@@ -12,6 +12,7 @@ from PIL import Image
 
 from ..data import IGNORE_INDEX, Sample
 from ..fingerprint import digest
+from .balanced import balanced_yes_no
 from .config import WorldConfig
 from .dialog import conversation, describe_then_ask
 from .render import render
@@ -19,6 +20,7 @@ from .scene import Scene
 from .texts import (
     CAPTION_PROMPT,
     DESCRIBE_PROMPT,
+    YES_NO_CATEGORIES,
     caption,
     cell_questions,
     count_questions,
@@ -150,6 +152,9 @@ class VisionCollator:
 class VLMDataset(torch.utils.data.Dataset):
     """``Sample``s about the scenes' images. ``mix`` picks which tasks each scene contributes: "describe",
     "caption", "yes_no" (the yes and the no question of ``yes_no_categories`` categories drawn per scene),
+    "yes_no_balanced" (the same questions, each with its twin: the same words asked of another scene where the
+    answer is the other one, ``balanced.balanced_yes_no``; the question's text then says nothing about the answer,
+    so only reading the image lowers the loss: the PVM mechanism control's training data),
     "open" (one), "cells" (four "what is at b3 ?" grounding questions), "chat" (one conversation of 2 ..
     ``max_turns`` short questions about the image, every answer a target; ``keepsight.world.dialog``),
     "chat_image" (a "chat" whose image is shown again just before one later question, drawn uniformly: the format
@@ -168,7 +173,7 @@ class VLMDataset(torch.utils.data.Dataset):
     kind of item, so this sets the share of optimizer steps spent on long descriptions."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
-             "chat_image", "lookup", "describe_ask", "rehearse")
+             "chat_image", "lookup", "describe_ask", "rehearse", "yes_no_balanced")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16,
@@ -184,6 +189,12 @@ class VLMDataset(torch.utils.data.Dataset):
         self.chats: dict[int, list[dict]] = {}  # item index -> its conversation's turns ("chat" items)
         self.reinsert: dict[int, int] = {}  # item index -> the turn before which the image is shown again
         self.categories: list[str] = []  # per item: its task, or the yes/no question's category
+        # "yes_no_balanced": scene index -> its questions' (question, twin) pairs, two a category, in category order
+        twins: dict[int, list[tuple[dict, dict]]] = {}
+        if "yes_no_balanced" in mix:
+            items = balanced_yes_no(samples.scenes, samples.config)
+            for a, b in zip(items[::2], items[1::2]):
+                twins.setdefault(a["scene"], []).append((a, b))
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, description(s))] * describe_repeats
@@ -197,6 +208,14 @@ class VLMDataset(torch.utils.data.Dataset):
                     for q in qs[2 * cat : 2 * cat + 2]:
                         self.items.append((i, q["question"], q["answer"]))
                         self.categories.append(q["category"])
+            if "yes_no_balanced" in mix:
+                pairs = twins.get(i, [])
+                cats = sorted({a["category"] for a, _ in pairs}, key=YES_NO_CATEGORIES.index)
+                for c in rng.choice(len(cats), size=min(yes_no_categories, len(cats)), replace=False):
+                    for a, b in pairs:
+                        if a["category"] == cats[c]:
+                            self.items += [(a["scene"], a["question"], a["answer"]), (b["scene"], b["question"], b["answer"])]
+                            self.categories += [a["category"]] * 2
             if "open" in mix:
                 qs = open_questions(s)
                 q = qs[int(rng.integers(len(qs)))]
