@@ -117,6 +117,8 @@ def test_dtype_device_and_precision_options(tiny_base, tmp_path, capsys, monkeyp
     assert main(["world", "eval", *common, "--limit", "2", "--dtype", "bf16", "--device", "cpu",
                  "--out", str(tmp_path / "e.json")]) == 0
     assert "CHAIRi" in capsys.readouterr().out and (tmp_path / "e.json").is_file()
+    assert main(["world", "eval", *common, "--limit", "4", "--balanced", "--withhold-image"]) == 0
+    assert "prior-balanced yes/no" in capsys.readouterr().out
     argv = ["pvm", "train", "--stage", "sft", *common, "--out", str(tmp_path / "bf16"), "--steps", "2",
             "--batch-size", "2", "--precision", "bf16", "--device", "cpu"]
     assert main(argv) == 0

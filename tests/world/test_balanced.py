@@ -86,3 +86,30 @@ def test_the_balanced_training_task_pairs_each_question_with_its_twin(world):
         assert yes_no_answer(samples.scenes[scene], question_category(question), question) == answer
         answers.setdefault(question, Counter())[answer] += 1
     assert all(c["yes"] == c["no"] for c in answers.values())  # the words alone say nothing
+
+
+def test_a_model_without_the_image_answers_both_questions_of_a_pair_alike(world):
+    """The exactly-0.5 promise on a real model: with the image's tokens withheld, the two items of each pair are the
+    same prompt, and a (here untrained) tiny LLaVA answers them alike in a batched, padded evaluation; with the image
+    it does not."""
+    import torch
+
+    from keepsight.models.withhold import image_withheld
+    from keepsight.world.evaluate import evaluate_yes_no
+    from keepsight.world.models import build_model
+    from keepsight.world.processor import build_processor
+
+    cfg, scenes = world
+    samples = WorldSamples.from_scenes(cfg, scenes[:24])
+    items = balanced_yes_no(samples.scenes, cfg)
+    processor = build_processor()
+    torch.manual_seed(0)
+    model = build_model("tiny-llava", processor.tokenizer).eval()
+
+    def pairs_alike() -> float:
+        records = evaluate_yes_no(model, processor, samples, batch_size=16, items=items)[1]
+        return sum(a["prediction"] == b["prediction"] for a, b in zip(records[::2], records[1::2])) / (len(records) // 2)
+
+    with image_withheld(model):
+        assert pairs_alike() == 1.0
+    assert pairs_alike() < 1.0

@@ -10,8 +10,10 @@ from ..atomic import check_output_dir, check_output_file, write_output_json
 from ..determinism import DEFAULT_THREADS, configure
 from ..inference import Decoders
 from ..models import load_checkpoint
+from ..models.withhold import image_withheld
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
+from ..world.balanced import balanced_yes_no
 from ..world.base import BASE_KIND, RECIPES, STAGES, finalize, stage_done, train_base, train_stage
 from ..world.dataset import build_world, check_in_memory, generate_scenes
 from ..world.evaluate import (
@@ -86,6 +88,11 @@ def add_parser(sub) -> None:
                    "again just before it (the oracle), and the same question after the model's own description of "
                    "the image (with and without the oracle), each with the drop and the oracle's recovery paired by "
                    "scene")
+    e.add_argument("--balanced", action="store_true", help="also yes/no on the prior-balanced set: each question "
+                   "asked of its own scene and of another where the same words have the other answer, so a model that "
+                   "does not see the image scores exactly 0.5 (keepsight.world.balanced)")
+    e.add_argument("--withhold-image", action="store_true", help="mask the image's tokens out of the language model's "
+                   "attention (PVM's mechanism control: what it knows of the image then comes from PVM's memory)")
     e.add_argument("--out", help="write the scores as JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
                    "keepsight's")
@@ -155,10 +162,14 @@ def run_eval(args) -> int:
         load_pvm(model, args.pvm)
     if args.lora:
         model = apply_lora(model, args.lora)
-    with method.applied(model) if method is not None else contextlib.nullcontext():
+    with (method.applied(model) if method is not None else contextlib.nullcontext(),
+          image_withheld(model) if args.withhold_image else contextlib.nullcontext()):
         yn, _ = evaluate_yes_no(model, processor, samples, decode=method is not None)
         res = {"yes_no": yn, "open": evaluate_open(model, processor, samples),
                "descriptions": evaluate_descriptions(model, processor, samples)}
+        if args.balanced:
+            res["yes_no_balanced"] = evaluate_yes_no(model, processor, samples, decode=method is not None,
+                                                     items=balanced_yes_no(samples.scenes, samples.config))[0]
         if args.history:
             res["history"] = evaluate_history(model, processor, samples, probe=method is None)
             res["oracle"] = evaluate_history(model, processor, samples, probe=False, reinsert_image=True)
@@ -171,6 +182,10 @@ def run_eval(args) -> int:
         print(f"{baseline}: {obj.stats()}")
     for c, v in yn["categories"].items():
         print(f"{c:10s} acc {v['acc']:.3f} acc+ {v['acc_plus']:.3f}")
+    if args.balanced:
+        b = res["yes_no_balanced"]
+        print(f"prior-balanced yes/no {b['overall_acc']:.3f} (a model that does not see the image: 0.500); "
+              + " ".join(f"{c} {v['acc']:.3f}" for c, v in b["categories"].items()))
     ch = res["descriptions"]["chair"]
     print(f"CHAIRi {ch['chair_i']:.3f} CHAIRs {ch['chair_s']:.3f} object recall {ch['object_recall']:.3f} "
           f"exact recall {ch['exact_recall']:.3f}")

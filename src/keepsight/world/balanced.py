@@ -73,7 +73,7 @@ def balanced_yes_no(scenes: list[Scene], config: WorldConfig) -> list[dict]:
     (``"scene"``: its scene's index) and its twin, the same words asked of the next scene (cyclically) where they
     have the other answer. Items ``{"scene", "category", "question", "answer", "pair"}``; the two items of a pair
     share ``pair``. A question no other scene answers the other way is left out (a "no" about a rare
-    cell and colour: 16 of 4,800 items on the demo's 200 held-out scenes); at least two scenes are needed."""
+    cell and colour: 2 of 2,400 questions on the demo's 200 held-out scenes); at least two scenes are needed."""
     if len(scenes) < 2:
         raise ValueError(f"a prior-balanced set pairs questions across scenes: needs at least 2 scenes, got {len(scenes)}")
     items: list[dict] = []
