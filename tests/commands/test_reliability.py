@@ -369,3 +369,23 @@ def test_a_checkpoint_save_that_fails_leaves_no_folder_without_weights(env, tmp_
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-1"]  # the good one, no half one
     monkeypatch.setattr(trainer_module, "save_model", real)
     assert main(argv) == 0 and (out / "pvm.safetensors").is_file()  # resumed from checkpoint-1
+
+
+def test_a_benchmark_runs_with_its_functions_defaults(tmp_path, monkeypatch):
+    """The CLI states no default of its own: an option left out is not passed, so the function's default holds
+    (the CLI and the function once disagreed: 64 vs 32 new tokens for baselines, 16 vs 8 for pvm-decode)."""
+    import functools
+    import inspect
+
+    from keepsight.commands import bench
+
+    seen = {}
+    for name, (fn, takes) in bench.BENCHMARKS.items():
+        params = inspect.signature(fn).parameters
+        assert all(p in params for p in takes.values()), name  # every option maps to a real parameter
+        spy = functools.wraps(fn)(lambda out, _n=name, **kw: seen.__setitem__(_n, kw))  # the help reads its signature
+        monkeypatch.setitem(bench.BENCHMARKS, name, (spy, takes))
+    assert main(["bench", "baselines", "--out", str(tmp_path / "a")]) == 0 and seen["baselines"] == {}
+    assert main(["bench", "pvm-decode", "--out", str(tmp_path / "b"), "--batch", "4"]) == 0
+    assert seen["pvm-decode"] == {"batches": 4}
+    assert "baselines 64" in " ".join(bench.defaults("new_tokens").split())

@@ -46,8 +46,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+MAX_NEW_TOKENS = 64  # new tokens a description: the default and the most this benchmark takes (more is refused)
+
+
 @torch.inference_mode()
-def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = 32, pairs: int = 9) -> dict:
+def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = MAX_NEW_TOKENS, pairs: int = 9) -> dict:
+    if not 1 <= new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"--new-tokens {new_tokens}: bench baselines measures at most {MAX_NEW_TOKENS} new tokens")
     cfg = world_config()
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
     rows = []

@@ -57,12 +57,17 @@ def _decode(model, cache, prefix: int, first: torch.Tensor, mask: torch.Tensor, 
     return (time.perf_counter() - t0) / steps, tokens
 
 
+MAX_NEW_TOKENS = 16  # decode steps timed a run: the default and the most this benchmark takes (more is refused)
+
+
 @torch.inference_mode()
-def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = 8, repeats: int = 5,
+def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX_NEW_TOKENS, repeats: int = 5,
         visual: int = 1024, layers: int = 4, shape: dict = Q3VL_8B) -> dict:
     batches = (batches,) if isinstance(batches, int) else tuple(batches)
     if new_tokens < 2:
         raise ValueError(f"--new-tokens {new_tokens}: give at least 2 decode steps to time")
+    if new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(f"--new-tokens {new_tokens}: bench pvm-decode measures at most {MAX_NEW_TOKENS} new tokens")
     if layers < 3:
         raise ValueError(f"layers {layers}: the released PVM takes 3 blocks; give at least 3 layers")
     model = shaped_model(layers, shape)
