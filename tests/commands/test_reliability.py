@@ -1,6 +1,7 @@
 """No command destroys data, and bad inputs are named: one test per data-loss case (the input survives, the
 refusal names the conflict), corrupt files named by path, outputs checked before any work."""
 
+import functools
 import hashlib
 import json
 import os
@@ -124,8 +125,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(env, tmp_pat
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(work))
     monkeypatch.setattr(torch.nn.Module, "__call__", work)
     monkeypatch.setattr(demo, "_run_profile", work)
-    for name, (takes, _) in list(bench.BENCHMARKS.items()):
-        monkeypatch.setitem(bench.BENCHMARKS, name, (takes, work))
+    for name, (fn, takes) in list(bench.BENCHMARKS.items()):
+        monkeypatch.setitem(bench.BENCHMARKS, name, (functools.wraps(fn)(lambda *a, **k: work(*a, **k)), takes))
     model, data = str(env / "m1"), str(env / "world")
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
@@ -374,7 +375,6 @@ def test_a_checkpoint_save_that_fails_leaves_no_folder_without_weights(env, tmp_
 def test_a_benchmark_runs_with_its_functions_defaults(tmp_path, monkeypatch):
     """The CLI states no default of its own: an option left out is not passed, so the function's default holds
     (the CLI and the function once disagreed: 64 vs 32 new tokens for baselines, 16 vs 8 for pvm-decode)."""
-    import functools
     import inspect
 
     from keepsight.commands import bench
