@@ -111,15 +111,15 @@ def run_pvm_control(exp: PVMControl, ctx: ExperimentContext) -> dict:
     train_lora_control(model_dir, data(lora_cfg.seed), lora_dir, exp.pvm, lora_cfg, progress=False)
     n = len(ctx.sets.eval)
     balanced = balanced_yes_no(ctx.sets.eval.scenes, ctx.sets.eval.config)
-    arms, ordinary, open_arms = {}, {"base_with_image": _scores(ctx.base["yes_no"])}, {
-        "base_with_image": _open_scores(ctx.base["open"], n)}
-    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
-    arms["base_with_image"] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval, items=balanced)[0])
+    arms, ordinary = {}, {"base_with_image": _scores(ctx.base["yes_no"])}
+    open_arms = {"base_with_image": _open_scores(ctx.base["open"], n)}
     attach = {"base": lambda m: m, **{arm: (lambda m, d=d: load_pvm(m, d)) for arm, d in pvm_dirs.items()},
               "lora": lambda m: apply_lora(m, lora_dir)}
     for arm, put in attach.items():
         model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
         model = put(model)
+        if arm == "base":  # the ceiling: the base with the image, on the same set
+            arms["base_with_image"] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval, items=balanced)[0])
         with image_withheld(model):
             arms[arm] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval, items=balanced)[0])
             ordinary[arm] = _scores(evaluate_yes_no(model, processor, ctx.sets.eval)[0])

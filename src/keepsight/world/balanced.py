@@ -18,14 +18,14 @@ from .scene import Scene
 from .texts import yes_no_questions
 
 _CELL = r"([a-j])(\d+)"
-_TEMPLATES = (  # the wording of each category in ``yes_no_questions``
-    ("existence", re.compile(r"is there a (\w+) (\w+) \?")),
-    ("count", re.compile(r"are there (\w+) objects \?")),
-    ("colour", re.compile(rf"is the object at {_CELL} (\w+) \?")),
-    ("shape", re.compile(rf"is the object at {_CELL} a (\w+) \?")),
-    ("position", re.compile(rf"is there a (\w+) at {_CELL} \?")),
-    ("scene", re.compile(r"is this a (\w+) scene \?")),
-)
+_TEMPLATES = {  # the wording of each category in ``yes_no_questions``
+    "existence": re.compile(r"is there a (\w+) (\w+) \?"),
+    "count": re.compile(r"are there (\w+) objects \?"),
+    "colour": re.compile(rf"is the object at {_CELL} (\w+) \?"),
+    "shape": re.compile(rf"is the object at {_CELL} a (\w+) \?"),
+    "position": re.compile(rf"is there a (\w+) at {_CELL} \?"),
+    "scene": re.compile(r"is this a (\w+) scene \?"),
+}
 
 
 def _cell(letter: str, number: str) -> tuple[int, int]:
@@ -34,7 +34,7 @@ def _cell(letter: str, number: str) -> tuple[int, int]:
 
 def question_category(question: str) -> str:
     """The yes/no category whose wording ``question`` has (each question fits exactly one)."""
-    for category, pattern in _TEMPLATES:
+    for category, pattern in _TEMPLATES.items():
         if pattern.fullmatch(question):
             return category
     raise ValueError(f"{question!r} is in none of the world's yes/no wordings")
@@ -44,9 +44,9 @@ def yes_no_answer(scene: Scene, category: str, question: str) -> str | None:
     """The true answer ("yes" / "no") of a ``yes_no_questions`` question of ``category`` asked of ``scene``, or
     None where the words do not apply to it (a question about "the object at b3" when b3 is empty). Raises on a
     question that is not in the category's wording."""
-    pattern = dict(_TEMPLATES).get(category)
+    pattern = _TEMPLATES.get(category)
     if pattern is None:
-        raise ValueError(f"unknown yes/no category {category!r}; expected one of {[c for c, _ in _TEMPLATES]}")
+        raise ValueError(f"unknown yes/no category {category!r}; expected one of {list(_TEMPLATES)}")
     m = pattern.fullmatch(question)
     if m is None:
         raise ValueError(f"{question!r} is not a {category} question of the world's wording ({pattern.pattern})")

@@ -20,7 +20,6 @@ from .scene import Scene
 from .texts import (
     CAPTION_PROMPT,
     DESCRIBE_PROMPT,
-    YES_NO_CATEGORIES,
     caption,
     cell_questions,
     count_questions,
@@ -189,12 +188,12 @@ class VLMDataset(torch.utils.data.Dataset):
         self.chats: dict[int, list[dict]] = {}  # item index -> its conversation's turns ("chat" items)
         self.reinsert: dict[int, int] = {}  # item index -> the turn before which the image is shown again
         self.categories: list[str] = []  # per item: its task, or the yes/no question's category
-        # "yes_no_balanced": scene index -> its questions' (question, twin) pairs, two a category, in category order
-        twins: dict[int, list[tuple[dict, dict]]] = {}
+        # "yes_no_balanced": scene index -> category -> its questions' (question, twin) pairs, in the generator's order
+        twins: dict[int, dict[str, list[tuple[dict, dict]]]] = {}
         if "yes_no_balanced" in mix:
             items = balanced_yes_no(samples.scenes, samples.config)
             for a, b in zip(items[::2], items[1::2]):
-                twins.setdefault(a["scene"], []).append((a, b))
+                twins.setdefault(a["scene"], {}).setdefault(a["category"], []).append((a, b))
         for i, s in enumerate(samples.scenes):
             if "describe" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, description(s))] * describe_repeats
@@ -209,13 +208,12 @@ class VLMDataset(torch.utils.data.Dataset):
                         self.items.append((i, q["question"], q["answer"]))
                         self.categories.append(q["category"])
             if "yes_no_balanced" in mix:
-                pairs = twins.get(i, [])
-                cats = sorted({a["category"] for a, _ in pairs}, key=YES_NO_CATEGORIES.index)
+                by_category = twins.get(i, {})
+                cats = list(by_category)
                 for c in rng.choice(len(cats), size=min(yes_no_categories, len(cats)), replace=False):
-                    for a, b in pairs:
-                        if a["category"] == cats[c]:
-                            self.items += [(a["scene"], a["question"], a["answer"]), (b["scene"], b["question"], b["answer"])]
-                            self.categories += [a["category"]] * 2
+                    for pair in by_category[cats[c]]:
+                        self.items += [(q["scene"], q["question"], q["answer"]) for q in pair]
+                        self.categories += [cats[c]] * 2
             if "open" in mix:
                 qs = open_questions(s)
                 q = qs[int(rng.integers(len(qs)))]
