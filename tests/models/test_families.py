@@ -217,11 +217,17 @@ def test_baselines_at_strength_act_and_keep_rows_apart(family, name):
 
 
 def test_opera_rows_alone_equal_the_batch(family):
-    kind, _, model, processor, batch, rows = family
+    """OPERA decodes each row alone: a left-padded batch gives each row's tokens alone. The two images differ in
+    aspect, so on the families whose images give each its own token count (tiles, sizes, runs) the rows hold
+    different numbers of image tokens and pixel entries, and the split must give each row its own."""
+    kind, _, model, processor, _, _ = family
     if support(kind)["opera"] is not None:
         with pytest.raises(ValueError, match=f"opera does not apply to {kind}"):
             OPERA().apply(model).__enter__()
         return
+    images = [Image.new("RGB", (64, 64), (200, 20, 20)), Image.new("RGB", (64, 32), (20, 90, 200))]
+    batch = family_batch(processor, QUESTIONS, images)
+    rows = [family_batch(processor, [q], [im]) for q, im in zip(QUESTIONS, images)]
     opera = OPERA(num_beams=2, num_attn_candidates=2)
     with opera.apply(model):
         together = _gen(model, processor, batch)[:, batch["input_ids"].shape[1]:]
@@ -229,6 +235,53 @@ def test_opera_rows_alone_equal_the_batch(family):
             alone = _gen(model, processor, row)[:, row["input_ids"].shape[1]:]
             assert torch.equal(together[r, : alone.shape[1]], alone[0]), r
     assert opera.stats()["rows"] == 4 and opera.stats()["steps"] > 0
+
+
+def test_opera_candidate_forwards_leave_no_trace(family):
+    """OPERA runs each candidate on the step's cache and must then put the cache back exactly: attention layers (past
+    a sliding window too: the cache is first extended beyond it) and recurrent layers (Qwen3.5's Gated DeltaNet,
+    whose states change in place and cannot be cropped). After two candidates and a restore, the next token's logits
+    equal those of a cache that never saw them."""
+    from transformers import DynamicCache
+
+    from keepsight.baselines.opera import _CacheMark
+
+    kind, _, model, processor, _, rows = family
+    text = model.config.get_text_config()
+    extend = torch.tensor([processor.tokenizer.convert_tokens_to_ids("scene")] * ((getattr(text, "sliding_window", None) or 0) + 8))
+
+    def cache_and_next(candidates):
+        cache = DynamicCache(config=model.config)
+        model(**rows[0], cache=cache, use_cache=True)
+        model(input_ids=extend[None], cache=cache, use_cache=True)
+        mark = _CacheMark(cache)
+        for token in candidates:
+            model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+            mark.restore()
+        return model(input_ids=torch.tensor([[int(extend[0])]]), cache=cache, use_cache=True).logits
+
+    with torch.no_grad():
+        assert torch.equal(cache_and_next([5, 9]), cache_and_next([]))
+
+
+def test_opera_refuses_a_batch_it_cannot_split():
+    """LLaVA-NeXT writes each image as one run of image tokens: more images than runs (two images written next to
+    each other, or a stray one) cannot be assigned to rows, and OPERA says so; OneVision's images per row must agree
+    with the tokens."""
+    from keepsight.baselines.opera import _split_rows
+
+    model, processor = tiny_family("llava_next")
+    batch = dict(family_batch(processor, QUESTIONS, [Image.new("RGB", (64, 64)), Image.new("RGB", (64, 32))]))
+    batch["pixel_values"] = torch.cat([batch["pixel_values"], batch["pixel_values"][:1]])
+    batch["image_sizes"] = torch.cat([batch["image_sizes"], batch["image_sizes"][:1]])
+    with pytest.raises(ValueError, match="3 images given but the prompts hold 2 runs of image tokens"):
+        _split_rows(model, batch, arch_info(model))
+    model, processor = tiny_family("llava_onevision")
+    batch = dict(family_batch(processor, QUESTIONS, [Image.new("RGB", (64, 64)), Image.new("RGB", (64, 32))]))
+    assert [r["batch_num_images"].tolist() for r in _split_rows(model, batch, arch_info(model))] == [[1], [1]]
+    batch["batch_num_images"] = torch.tensor([2, 0])
+    with pytest.raises(ValueError, match="row 0: batch_num_images says 2 images, its image tokens hold 1"):
+        _split_rows(model, batch, arch_info(model))
 
 
 def test_lora_control_matches_pvm_parameters(family):

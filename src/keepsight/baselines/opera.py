@@ -40,7 +40,9 @@ In keepsight the method replaces ``model.generate`` inside ``apply``: the usual 
 ``image_grid_thw`` / ``mm_token_type_ids``, ``max_new_tokens``, ...)
 returns ``[B, P + new]`` ids like HF's decoder-only generate. **The beam count is the config's ``num_beams``,
 whatever the caller passes** (OPERA is a beam search; the paper's 5 by default). Each row runs alone (its left
-padding stripped), so a row's output never depends on its batch. The language model runs with eager attention
+padding stripped, its own images split off as the architecture table's ``image_layout`` says: ``_split_rows``), so a
+row's output never depends on its batch. A candidate's forward is undone exactly (``_CacheMark``: attention layers
+by reference, recurrent layers' in-place states from a copy), so hybrid stacks (Qwen3.5) and sliding windows run. The language model runs with eager attention
 during the search (the release's transformers 4.29.2 LLaMA has nothing else; it also gives the last layer's
 attention probabilities), the original implementation is restored afterwards. ``OPERAConfig.off()`` (penalty 0, no
 rollback, every token a candidate) is plain beam search and simply calls the model's own ``generate(num_beams=...)``;
@@ -212,6 +214,22 @@ class _BeamScorer:
 # ----------------------------------------------------------------------------- one row
 
 
+def _images_in_row(spec, images: dict, ids: torch.Tensor, image_token_id: int) -> int:
+    """How many images one prompt row holds (``ids`` [P]): an entry of its image inputs each, an image's tiles one
+    run of image tokens (InternVL), a real (not all-zero) sub-image each where the inputs are batched by row
+    (Idefics3 / SmolVLM: their tiles and the global image)."""
+    if not images:
+        return 0
+    if spec.image_layout == "grid":
+        return int(images["image_grid_thw"].shape[0])
+    if spec.image_layout == "tiles":
+        return len(_runs(ids, image_token_id))
+    if spec.image_layout == "rows":
+        pixels = images["pixel_values"]
+        return int(pixels.flatten(2).ne(0).any(-1).sum())
+    return int(images["pixel_values"].shape[0])
+
+
 class _Row:
     """One prompt (no padding) and its image inputs; builds the forward arguments of ``K`` copies of a sequence that
     starts with the prompt."""
@@ -229,8 +247,7 @@ class _Row:
         # U:3432 sums image_start .. image_end inclusive (key_position, llava.py:206-210): first to last image token
         self.image_start, self.image_end = int(pos[0]), int(pos[-1])
         self.length = self.ids.shape[1]
-        per_image = "image_grid_thw" if info.spec.image_layout == "grid" else "pixel_values"
-        self.n_images = int(self.images[per_image].shape[0]) if self.images else 0
+        self.n_images = _images_in_row(info.spec, self.images, self.ids[0], image_token_id)
         self.n_image_tokens = int(pos.numel())
 
     def scored_prefix(self, how: str) -> int:
@@ -251,6 +268,29 @@ class _Row:
             padded[:, : self.length] = value
             kw[key] = padded
         return kw
+
+
+class _CacheMark:
+    """A cache's state, put back after a forward that must leave no trace (a candidate's). Every cache layer's
+    attributes are kept by reference: attention layers (full and sliding window) allocate new key / value tensors on
+    each update, so a reference is the state. Recurrent layers (Qwen3.5's Gated DeltaNet: conv and recurrent states)
+    update theirs in place and no crop undoes that, so those tensors are also cloned and copied back: exact."""
+
+    _IN_PLACE = ("conv_states", "recurrent_states")  # dicts of tensors a linear-attention layer updates in place
+
+    def __init__(self, cache):
+        self.layers = []
+        for layer in cache.layers:
+            attrs = {k: dict(v) if isinstance(v, dict) else v for k, v in vars(layer).items()}
+            clones = [(t, t.clone()) for name in self._IN_PLACE if isinstance(attrs.get(name), dict)
+                      for t in attrs[name].values() if isinstance(t, torch.Tensor)]
+            self.layers.append((layer, attrs, clones))
+
+    def restore(self) -> None:
+        for layer, attrs, clones in self.layers:
+            vars(layer).update({k: dict(v) if isinstance(v, dict) else v for k, v in attrs.items()})
+            for tensor, saved in clones:
+                tensor.copy_(saved)
 
 
 class _AttentionTap:
@@ -362,9 +402,10 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
             # U:3382-3411: one forward per candidate on the step's cache; its last-layer row (max over heads)
             padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
             attn_last = []
+            mark = _CacheMark(cache)  # the release's cache is a tuple the candidate forward never extends
             for c in range(n):
                 forward({"input_ids": cand_tokens[:, c: c + 1]}, cache)
-                cache.crop(-1)  # the release's cache is a tuple the candidate forward never extends
+                mark.restore()
                 attn_last.append(torch.cat([padded, head_max()], -2))  # [K, 1, t + 1, P + t + 1]
             st["candidate_forwards"] += n
             attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
@@ -471,34 +512,75 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
 # ----------------------------------------------------------------------------- batches
 
 
+_PER_ROW = ("batch_num_images",)  # image inputs with one entry per prompt row (LLaVA-OneVision's images per row)
+
+
+def _runs(ids: torch.Tensor, token: int) -> list[int]:
+    """Lengths of the runs of ``token`` in ``ids`` [T], in order."""
+    hit = (ids == token).int()
+    edges = torch.diff(hit, prepend=hit.new_zeros(1), append=hit.new_zeros(1))  # +1 where a run starts, -1 after it
+    return (edges.eq(-1).nonzero().flatten() - edges.eq(1).nonzero().flatten()).tolist()
+
+
+def _per_image(model, spec, images: dict, runs: list[int]) -> tuple[list[int], list[int]]:
+    """(image tokens, pixel_values entries) of each image of the batch, in order, as the table row's ``image_layout``
+    says; ``runs`` are the prompts' runs of image tokens, row after row."""
+    pixels = images["pixel_values"]
+    n = pixels.shape[0]
+    if spec.image_layout == "grid":  # image i has prod(grid_i) patch rows and prod(grid_i) / merge^2 tokens
+        merge = getattr(model.config.vision_config, "spatial_merge_size", 2)
+        patches = [int(g.prod()) for g in images["image_grid_thw"]]
+        return [p // merge ** 2 for p in patches], patches
+    if spec.image_layout == "per_image":  # every image gives the same number of tokens
+        total = sum(runs)
+        if total % n:
+            raise ValueError(f"{total} image tokens do not split over {n} images")
+        return [total // n] * n, [1] * n
+    if spec.image_layout == "sizes":  # Pixtral: a token per (patch * merge)^2 pixels of the image's own size
+        step = model.config.vision_config.patch_size * getattr(model.config, "spatial_merge_size", 1)
+        return [int(h) // step * (int(w) // step) for h, w in images["image_sizes"].tolist()], [1] * n
+    if spec.image_layout == "tiles":  # one run per image, the same tokens per tile
+        if sum(runs) % n:
+            raise ValueError(f"{sum(runs)} image tokens do not split over {n} tiles")
+        per_tile = sum(runs) // n
+        if any(r % per_tile for r in runs):
+            raise ValueError(f"runs of image tokens {runs} are not whole tiles of {per_tile} tokens")
+        return runs, [r // per_tile for r in runs]
+    if spec.image_layout == "runs":  # one run per image
+        if len(runs) != n:
+            raise ValueError(f"{n} images given but the prompts hold {len(runs)} runs of image tokens: {spec.kind} "
+                             "writes each image as one run, so OPERA splits the batch by them (images written "
+                             "next to each other, with no token between, cannot be told apart)")
+        return runs, [1] * n
+    raise ValueError(f"OPERA cannot split {spec.kind}'s {spec.image_layout!r} image inputs by row")
+
+
 def _split_rows(model, kwargs: dict, info) -> list[dict]:
     """Each row's inputs without its padding: ``input_ids`` and the per-token inputs where ``attention_mask`` is 1,
-    and the row's own images (consumed in order: a row holds as many images as its image tokens need), split as the
-    table row's ``image_layout`` says."""
+    and the row's own images, split as the table row's ``image_layout`` says: by prompt row where the inputs are
+    batched so (``rows``), else consumed in order (a row holds as many images as its image tokens need)."""
     spec = info.spec
     ids = kwargs["input_ids"]
     mask = kwargs.get("attention_mask")
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    counts = (ids == info.image_token_id).masked_fill(~mask, False).sum(1).tolist()  # image tokens per row
+    rows = []
+    for b in range(ids.shape[0]):
+        keep = mask[b]
+        row = {"input_ids": ids[b][keep][None]}
+        for key in spec.token_inputs:
+            if kwargs.get(key) is not None:
+                row[key] = kwargs[key][b][keep][None]
+        rows.append(row)
     images = {k: kwargs[k] for k in spec.image_inputs if kwargs.get(k) is not None}
-    pixels = images.get("pixel_values")
-    if pixels is None:
-        per_image, patches = [], []
-    elif spec.image_layout == "grid":  # image i has prod(grid_i) patch rows and prod(grid_i) / merge^2 tokens
-        merge = getattr(model.config.vision_config, "spatial_merge_size", 2)
-        patches = [int(g.prod()) for g in images["image_grid_thw"]]
-        per_image = [n // merge ** 2 for n in patches]
-    elif spec.image_layout == "per_image":  # every image gives the same number of tokens
-        total = sum(counts)
-        if total % pixels.shape[0]:
-            raise ValueError(f"{total} image tokens do not split over {pixels.shape[0]} images")
-        per_image = [total // pixels.shape[0]] * pixels.shape[0]
-        patches = [1] * pixels.shape[0]
-    else:
-        raise ValueError(f"OPERA decodes row by row and cannot split {spec.kind}'s {spec.image_layout} image inputs")
-    rows, img, patch = [], 0, 0
-    for b, need in enumerate(counts):
-        first_img, first_patch = img, patch
+    if not images or spec.image_layout == "rows":  # [B, ...] each: a row's slice is its images
+        for b, row in enumerate(rows):
+            row.update({k: v[b: b + 1] for k, v in images.items()})
+        return rows
+    row_runs = [_runs(row["input_ids"][0], info.image_token_id) for row in rows]
+    per_image, patches = _per_image(model, spec, images, [r for runs in row_runs for r in runs])
+    img = patch = 0
+    for b, row in enumerate(rows):
+        first_img, first_patch, need = img, patch, sum(row_runs[b])
         while need > 0:
             if img >= len(per_image):
                 raise ValueError(f"row {b}: more image tokens than the images given")
@@ -507,14 +589,14 @@ def _split_rows(model, kwargs: dict, info) -> list[dict]:
             img += 1
         if need != 0:
             raise ValueError(f"row {b}: its image tokens do not match whole images")
-        keep = mask[b]
-        row = {"input_ids": ids[b][keep][None]}
-        for key in spec.token_inputs:
-            if kwargs.get(key) is not None:
-                row[key] = kwargs[key][b][keep][None]
-        for key, value in images.items():  # pixel rows by patch, the rest (grid, sizes, masks) by image
-            row[key] = value[first_patch:patch] if key == "pixel_values" else value[first_img:img]
-        rows.append(row)
+        for key, value in images.items():  # pixel rows by entry, per-row inputs by row, the rest by image
+            if key in _PER_ROW:
+                if int(value[b]) != img - first_img:
+                    raise ValueError(f"row {b}: {key} says {int(value[b])} images, its image tokens hold "
+                                     f"{img - first_img}")
+                row[key] = value[b: b + 1]
+            else:
+                row[key] = value[first_patch:patch] if key == "pixel_values" else value[first_img:img]
     if img != len(per_image):
         raise ValueError(f"{len(per_image)} images given but the prompts hold image tokens for {img}")
     return rows

@@ -22,7 +22,7 @@ from ..checks import layer_indices
 
 FAMILIES = ("autoregressive", "diffusion", "text")
 ROPE_KINDS = ("1d", "mrope", "none")
-IMAGE_LAYOUTS = ("per_image", "grid", "variable")
+IMAGE_LAYOUTS = ("per_image", "grid", "tiles", "runs", "sizes", "rows")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LLaMA-style names
 
 
@@ -48,9 +48,15 @@ class ArchSpec:
     rope_state: tuple[str, ...] = ()  # attribute paths the model caches positions in between forwards (Qwen-VL's
     #                                   rope_deltas): a second stream of the same model restores them afterwards
     lora_targets: tuple[str, ...] = PROJECTIONS  # linear modules of a decoder layer the LoRA control adapts
-    image_layout: str = "per_image"  # how the pixel inputs split by image: "per_image" (dim 0, one entry per image,
-    #                                  equal token counts), "grid" (patch rows, image_grid_thw rows per image),
-    #                                  "variable" (tiles or sizes that give each image its own token count)
+    image_layout: str = "per_image"  # how the image inputs split by image (OPERA decodes row by row):
+    #   "per_image": dim 0 one entry per image, every image the same number of tokens (LLaVA, Gemma 3)
+    #   "grid": pixel rows by patch, image_grid_thw rows per image (Qwen-VL, GLM-4.1V)
+    #   "tiles": pixel rows by tile, the same tokens per tile, an image's tiles one run of image tokens (InternVL)
+    #   "runs": dim 0 one entry per image, each image's tokens one run of image tokens (LLaVA-NeXT / OneVision,
+    #           Gemma 4: tiles or sizes give each image its own count)
+    #   "sizes": dim 0 one entry per image, its tokens (h // (patch * merge)) * (w // (patch * merge)) from
+    #            image_sizes (Mistral 3 / Pixtral, whose rows of image tokens are split by [IMG_BREAK])
+    #   "rows": the inputs batched by prompt row (Idefics3 / SmolVLM: each row's sub-images, zero padded)
     image_inputs: tuple[str, ...] = ("pixel_values",)  # processor outputs that carry the images
     token_inputs: tuple[str, ...] = ()  # processor outputs aligned with input_ids ([B, T]: mm_token_type_ids, ...)
     image_markers: tuple[str, ...] = ()  # config keys of the token ids written around each image (PAI's text-only
@@ -82,12 +88,7 @@ _QWEN_VL = dict(image_markers=("vision_start_token_id", "vision_end_token_id"), 
                 image_layout="grid", image_inputs=("pixel_values", "image_grid_thw"), token_inputs=("mm_token_type_ids",),
                 processor_fallback="QwenImageProcessor")
 _QWEN35 = {**_QWEN_VL, "processor_fallback": "Qwen3VLProcessorImageOnly"}
-_HYBRID = (("opera", "OPERA rolls its beams back by cropping the KV cache, and the Gated DeltaNet layers' recurrent "
-            "state cannot be cropped"),)
 _LLAVA = dict(projector="model.multi_modal_projector", tower="model.vision_tower")
-_OPERA_ROWS = ("opera", "OPERA decodes each row alone, and splitting a batch of images that give each its own token "
-               "count (tiles, sizes) into rows is not implemented")
-_VARIABLE = dict(image_layout="variable", unsupported=(_OPERA_ROWS,))
 
 _ROWS = (
     ArchSpec("llava", "autoregressive", "model.language_model", projector_swappable=True, **_LLAVA),
@@ -97,20 +98,20 @@ _ROWS = (
     ArchSpec("qwen2_5_vl", "autoregressive", "model.language_model", **_QWEN_VL),
     # FFN: a sparse MoE block; Qwen3.5: a hybrid stack (Gated DeltaNet layers between the attention layers)
     ArchSpec("qwen3_vl_moe", "autoregressive", "model.language_model", **_QWEN35),
-    ArchSpec("qwen3_5", "autoregressive", "model.language_model", unsupported=_HYBRID, **_QWEN35),
-    ArchSpec("qwen3_5_moe", "autoregressive", "model.language_model", unsupported=_HYBRID, **_QWEN35),
+    ArchSpec("qwen3_5", "autoregressive", "model.language_model", **_QWEN35),
+    ArchSpec("qwen3_5_moe", "autoregressive", "model.language_model", **_QWEN35),
     ArchSpec("glm4v", "autoregressive", "model.language_model", pvm_update="post_mlp_layernorm",
              lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
              **{**_QWEN_VL, "processor_fallback": "Glm4vProcessorImageOnly",
                 "image_markers": ("image_start_token_id", "image_end_token_id")}),
     ArchSpec("llava_next", "autoregressive", "model.language_model", image_inputs=("pixel_values", "image_sizes"),
-             **_LLAVA, **_VARIABLE),
+             image_layout="runs", **_LLAVA),
     ArchSpec("llava_onevision", "autoregressive", "model.language_model", processor_fallback="LlavaOnevisionProcessorImageOnly",
-             image_inputs=("pixel_values", "image_sizes", "batch_num_images"), **_LLAVA, **_VARIABLE),
+             image_inputs=("pixel_values", "image_sizes", "batch_num_images"), image_layout="runs", **_LLAVA),
     ArchSpec("mistral3", "autoregressive", "model.language_model", image_inputs=("pixel_values", "image_sizes"),
-             **_LLAVA, **_VARIABLE),
-    ArchSpec("internvl", "autoregressive", "model.language_model", processor_fallback="InternVLProcessorImageOnly", **_LLAVA,
-             **_VARIABLE),
+             image_layout="sizes", **_LLAVA),
+    ArchSpec("internvl", "autoregressive", "model.language_model", processor_fallback="InternVLProcessorImageOnly",
+             image_layout="tiles", **_LLAVA),
     # Gemma 3 normalises the attention and the FFN outputs before adding them: the residual stream after attention
     # enters pre_feedforward_layernorm, and PVM adds to the FFN's normalised output
     ArchSpec("gemma3", "autoregressive", "model.language_model", pvm_query="pre_feedforward_layernorm",
@@ -121,12 +122,12 @@ _ROWS = (
              pvm_update="post_feedforward_layernorm", projector="model.embed_vision", tower="model.vision_tower",
              image_inputs=("pixel_values", "image_position_ids"), token_inputs=("mm_token_type_ids",),
              image_markers=("boi_token_id", "eoi_token_id"), processor_fallback="Gemma4ProcessorImageOnly",
-             **_VARIABLE),
+             image_layout="runs"),
     ArchSpec("idefics3", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
-             image_inputs=("pixel_values", "pixel_attention_mask"), **_VARIABLE),
+             image_inputs=("pixel_values", "pixel_attention_mask"), image_layout="rows"),
     ArchSpec("smolvlm", "autoregressive", "model.text_model", projector="model.connector", tower="model.vision_model",
              image_inputs=("pixel_values", "pixel_attention_mask"), processor_fallback="SmolVLMProcessorImageOnly",
-             **_VARIABLE),
+             image_layout="rows"),
     ArchSpec("llada_v", "diffusion", "model.language_model", **_LLAVA),
     ArchSpec("llada_lm", "diffusion", "model", vlm=False, image_inputs=()),
     # LLaDA-V as shipped (config + weights in the LLaVA repository's layout): keepsight.models.llada_official
