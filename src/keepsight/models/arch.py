@@ -129,6 +129,9 @@ _ROWS = (
              image_inputs=("pixel_values", "pixel_attention_mask"), processor_fallback="SmolVLMProcessorImageOnly",
              image_layout="rows"),
     ArchSpec("llada_v", "diffusion", "model.language_model", **_LLAVA),
+    # LaViDa: LLaVA-OneVision's views, each pooled after the projector, a LLaDA language model (keepsight.models.lavida)
+    ArchSpec("lavida", "diffusion", "model.language_model", image_inputs=("pixel_values", "image_sizes",
+             "batch_num_images"), image_layout="runs", **_LLAVA),
     ArchSpec("llada_lm", "diffusion", "model", vlm=False, image_inputs=()),
     # LLaDA-V as shipped (config + weights in the LLaVA repository's layout): keepsight.models.llada_official
     ArchSpec("llava_llada", "diffusion", "model.language_model", **_LLAVA),
@@ -162,6 +165,8 @@ def kind_of(config) -> str:
         return "llada_lm"
     if model_type == "llava" and _get(_get(config, "text_config") or {}, "model_type") == "llada":
         return "llada_v"
+    if model_type == "llava_llada" and _get(config, "d_model") is not None:
+        return "lavida"  # LaViDa as released: LLaDA-V's model_type over OLMo-style LLaDA fields
     if model_type in ARCHITECTURES:
         return model_type
     raise ValueError(f"unsupported architecture model_type={model_type!r}; {supported()}")

@@ -5,11 +5,12 @@ plugin, the Python API):
 
 - ``checkpoint_kind(dir)`` reads ``config.json`` only and names its kind in the architecture table
   (``keepsight.models.arch``): ``llava`` / ``keepsight_llava`` / ``qwen3_vl`` / ``qwen2_5_vl``
-  (autoregressive VLMs), ``llada_v`` / ``llada_lm`` / ``llava_llada`` (masked-diffusion). Anything else is an
-  error naming what is supported.
+  (autoregressive VLMs), ``llada_v`` / ``llada_lm`` / ``llava_llada`` / ``lavida`` (masked-diffusion). Anything
+  else is an error naming what is supported.
 - ``load_checkpoint(dir, dtype=, device=)`` returns ``(model, processor)`` in eval mode. Safetensors in
   transformers' layout load with the Auto classes (after ``register_model_types()``); LLaDA / LLaDA-V
-  repository layouts go through ``keepsight.models.llada.load_llada_v`` (its key map); a directory in the released
+  repository layouts (LaViDa's release too: ``keepsight.models.lavida``) go through
+  ``keepsight.models.llada.load_llada_v`` (its key map); a directory in the released
   PVM layout (``text_config.pvm_layers``, ``pvm_block.*`` weights) loads its backbone's class with the released
   blocks attached (``keepsight.pvm.layout``), without the directory's own Python files.
 - ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback and the directory's own processor
@@ -38,6 +39,7 @@ from transformers import (
 from ..pvm.layout import load_released, released_pvm_config
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
 from .image_only import IMAGE_ONLY
+from .lavida import LavidaForConditionalGeneration, is_release, release_config, release_processor
 from .llada import load_llada_v
 from .llada_official import UNUSED_KEYS, official_config, official_processor
 from .processors import QwenImageProcessor
@@ -140,6 +142,10 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
         config = official_config(read_config(path), path)
         model = load_llada_v(path, config=config, drop=UNUSED_KEYS, dtype=dt)
         return model.to(dev).eval(), official_processor(path, config)
+    if kind == "lavida" and is_release(read_config(path)):  # LaViDa as released: OLMo-style LLaDA, LLaVA's names
+        config = release_config(read_config(path), path)
+        model = load_llada_v(path, config=config, dtype=dt, model_class=LavidaForConditionalGeneration)
+        return model.to(dev).eval(), release_processor(path, config)
     processor = load_processor(path, kind)
     config = read_config(path)
     if kind == "llada_v":

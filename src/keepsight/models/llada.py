@@ -311,7 +311,7 @@ def has_hf_layout(directory: Path) -> bool:
     return False
 
 
-def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = None):
+def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = None, model_class=None):
     """Load a LLaDA / LLaDA-V checkpoint directory (``*.safetensors`` + ``config.json``) into our classes.
 
     ``config`` (optional) overrides ``config.json``. A directory in transformers' own layout (what
@@ -319,7 +319,8 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
     LLaDA-V repository layouts through the key map. A ``llava`` config (text_config of type "llada")
     gives a ``LlavaForConditionalGeneration``; a ``llada`` config gives ``LladaForMaskedDiffusion``; an
     OLMo-style LLaDA config (it has ``d_model``) is converted with ``llada_config_from_olmo``. LLaDA-V's
-    own ``llava_llada`` config names its vision tower by hub id only - pass ``config`` for it.
+    own ``llava_llada`` config names its vision tower by hub id only - pass ``config`` for it. ``model_class``: the
+    VLM class to build from ``config`` (default ``LlavaForConditionalGeneration``; LaViDa's for LaViDa).
     """
     register_llada()
     directory = Path(directory)
@@ -349,7 +350,7 @@ def load_llada_v(directory, config=None, drop=(), dtype: torch.dtype | None = No
     if isinstance(config, LladaConfig):
         cls, target = LladaForMaskedDiffusion, "lm"
     elif getattr(getattr(config, "text_config", None), "model_type", None) == "llada":
-        cls, target = LlavaForConditionalGeneration, "vlm"
+        cls, target = model_class or LlavaForConditionalGeneration, "vlm"
     else:
         raise ValueError(f"config {type(config).__name__} is neither a LladaConfig nor a LLaVA config with a "
                          "'llada' text_config")

@@ -154,47 +154,53 @@ def shipped_decoding(tokenizer) -> tuple[list[int], list[int]]:
     return ids(SHIPPED_SUPPRESS), ids([SHIPPED_STOP])
 
 
+def drop_after_image(processor, out, text):
+    """The ids the LLaVA repository's ``tokenizer_image_token`` makes (LLaDA-V's and LaViDa's inference): it
+    tokenizes the prompt in pieces around each ``<image>`` and, because the template's text already starts with the
+    bos token, drops the first token of every piece after an image (for LLaDA's tokenizer: the newline after the
+    image). ``out``: a processor's output for ``text``; the same token is dropped from each row starting with bos
+    (and the padding and attention mask rebuilt)."""
+    if text is None or "input_ids" not in out:
+        return out
+    ids, mask = out["input_ids"], out.get("attention_mask")
+    tensor = isinstance(ids, torch.Tensor)
+    rows = ids.tolist() if tensor else [list(r) for r in ([ids] if ids and isinstance(ids[0], int) else ids)]
+    keep = mask.tolist() if tensor and mask is not None else [[1] * len(r) for r in rows]
+    image_id, bos = processor.tokenizer.convert_tokens_to_ids(processor.image_token), processor.tokenizer.bos_token_id
+    kept = []
+    for row, m in zip(rows, keep):
+        real = [t for t, on in zip(row, m) if on]
+        if real and real[0] == bos:
+            real = [t for j, t in enumerate(real) if not (j and real[j - 1] == image_id and t != image_id)]
+        kept.append(real)
+    width = max(len(r) for r in kept)
+    pad = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else 0
+    left = processor.tokenizer.padding_side == "left"
+
+    def padded(r, fill):
+        extra = [fill] * (width - len(r))
+        return extra + r if left else r + extra
+
+    new_ids = [padded(r, pad) for r in kept]
+    new_mask = [padded([1] * len(r), 0) for r in kept]
+    if tensor:
+        out["input_ids"] = torch.tensor(new_ids, dtype=ids.dtype)
+        if mask is not None:
+            out["attention_mask"] = torch.tensor(new_mask, dtype=mask.dtype)
+        if "mm_token_type_ids" in out:
+            out["mm_token_type_ids"] = (out["input_ids"] == image_id).to(out["mm_token_type_ids"].dtype)
+    else:
+        out["input_ids"] = new_ids if len(new_ids) > 1 or not isinstance(ids[0], int) else new_ids[0]
+    return out
+
+
 class LladaVProcessor(LlavaProcessor):
     """LLaDA-V's processor as its scripts run: LlavaProcessor's images and text, LLaDA-V's conversation template, and
-    the ids its ``tokenizer_image_token`` makes. That function tokenizes the prompt in pieces around each
-    ``<image>`` and, because the template's text already starts with the bos token, drops the first token of every
-    piece after an image (for LLaDA's tokenizer: the newline after the image); this processor drops the same
-    token, so the ids equal the shipped inference's. Saved, it is a plain ``LlavaProcessor`` (without the drop)."""
+    the ids its ``tokenizer_image_token`` makes (``drop_after_image``). Saved, it is a plain ``LlavaProcessor``
+    (without the drop)."""
 
     def __call__(self, images=None, text=None, **kwargs):
-        out = super().__call__(images=images, text=text, **kwargs)
-        if text is None or "input_ids" not in out:
-            return out
-        ids, mask = out["input_ids"], out.get("attention_mask")
-        tensor = isinstance(ids, torch.Tensor)
-        rows = ids.tolist() if tensor else [list(r) for r in ([ids] if ids and isinstance(ids[0], int) else ids)]
-        keep = mask.tolist() if tensor and mask is not None else [[1] * len(r) for r in rows]
-        image_id, bos = self.tokenizer.convert_tokens_to_ids(self.image_token), self.tokenizer.bos_token_id
-        kept = []
-        for row, m in zip(rows, keep):
-            real = [t for t, on in zip(row, m) if on]
-            if real and real[0] == bos:
-                real = [t for j, t in enumerate(real) if not (j and real[j - 1] == image_id and t != image_id)]
-            kept.append(real)
-        width = max(len(r) for r in kept)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        left = self.tokenizer.padding_side == "left"
-
-        def padded(r, fill):
-            extra = [fill] * (width - len(r))
-            return extra + r if left else r + extra
-
-        new_ids = [padded(r, pad) for r in kept]
-        new_mask = [padded([1] * len(r), 0) for r in kept]
-        if tensor:
-            out["input_ids"] = torch.tensor(new_ids, dtype=ids.dtype)
-            if mask is not None:
-                out["attention_mask"] = torch.tensor(new_mask, dtype=mask.dtype)
-            if "mm_token_type_ids" in out:
-                out["mm_token_type_ids"] = (out["input_ids"] == image_id).to(out["mm_token_type_ids"].dtype)
-        else:
-            out["input_ids"] = new_ids if len(new_ids) > 1 or not isinstance(ids[0], int) else new_ids[0]
-        return out
+        return drop_after_image(self, super().__call__(images=images, text=text, **kwargs), text)
 
     def save_pretrained(self, save_directory, **kwargs):
         plain = LlavaProcessor(image_processor=self.image_processor, tokenizer=self.tokenizer, patch_size=self.patch_size,

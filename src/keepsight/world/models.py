@@ -33,7 +33,14 @@ from transformers import (
 
 from ..atomic import atomic_save_dir
 from ..models import LladaConfig, LladaForMaskedDiffusion, QwenImageProcessor, register_model_types
-from .processor import CHAT_TEMPLATE, build_processor, build_tokenizer
+from ..models.lavida import (
+    LavidaConfig,
+    LavidaForConditionalGeneration,
+    LavidaProcessor,
+    lavida_image_processor,
+)
+from ..models.llada_official import CHAT_TEMPLATE as LLADA_V_TEMPLATE
+from .processor import CHAT_TEMPLATE, IMAGE, build_processor, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -241,7 +248,7 @@ QWEN_CHAT_TEMPLATE_IMAGE = " <vision_start> <image> <vision_end>"  # what Qwen-V
 
 TINY_KIND = "tiny-model"  # keepsight's marker in a directory save_tiny_checkpoint wrote
 TINY_CHECKPOINTS = ("tiny-llava", "tiny-llava-6l", "tiny-llava-p8", "tiny-qwen3vl", "tiny-qwen25vl", "tiny-llada-v",
-                    "tiny-llada-v-official")
+                    "tiny-llada-v-official", "tiny-lavida", "tiny-lavida-official")
 OFFICIAL_TOWER_DIR = "siglip-tower"  # where a tiny official-layout LLaDA-V keeps its tower's config
 
 
@@ -324,6 +331,91 @@ def official_llada_v_files(model, tokenizer, images, out: Path) -> None:
 
 
 
+# a tiny LaViDa: 56 px views of 7 x 7 patches (odd, as so400m's 27), pooled to 4 x 4; the release's pinpoints scaled
+LAVIDA_TINY_VIEW = 56
+LAVIDA_TINY_PINPOINTS = [[56, 112], [112, 56], [112, 112], [168, 56], [56, 168]]
+
+
+def build_lavida(seed: int = 0, preset: str | TinyPreset = "tiny-llava"):
+    """A tiny random LaViDa (``keepsight.models.lavida``): a SigLIP tower of the preset's widths at 56 px views,
+    LaViDa's pooling and packing, a LLaDA language model, over the LLaDA-style world tokenizer; returns
+    ``(model, LavidaProcessor)``."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    register_model_types()
+    tok = llada_style_tokenizer()
+    vision = SiglipVisionConfig(hidden_size=p.vision_hidden, intermediate_size=p.vision_hidden * 4,
+                                num_hidden_layers=p.vision_layers, num_attention_heads=p.vision_heads,
+                                image_size=LAVIDA_TINY_VIEW, patch_size=8, vision_use_head=False)
+    cfg = LavidaConfig(vision_config=vision.to_dict(), text_config=llada_text_config(tok, p).to_dict(),
+                       image_token_index=tok.convert_tokens_to_ids(IMAGE), video_token_index=tok.convert_tokens_to_ids(IMAGE),
+                       vision_feature_select_strategy="full", vision_feature_layer=-1,
+                       image_grid_pinpoints=LAVIDA_TINY_PINPOINTS, vision_aspect_ratio="anyres_max_1000000",
+                       tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LavidaForConditionalGeneration(cfg).eval()
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    processor = LavidaProcessor(lavida_image_processor(LAVIDA_TINY_VIEW, LAVIDA_TINY_PINPOINTS), tok,
+                                num_image_tokens=cfg.tokens_per_view, chat_template=LLADA_V_TEMPLATE)
+    return model, processor
+
+
+# ours -> LaViDa's released names (the LLaVA repository's module tree over OLMo-style LLaDA blocks)
+_LAVIDA_RELEASE_NAMES = (
+    (r"^model\.language_model\.layers\.(\d+)\.self_attn\.o_proj\.", r"model.transformer.blocks.\1.attn_out."),
+    (r"^model\.language_model\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.", r"model.transformer.blocks.\1.\2_proj."),
+    (r"^model\.language_model\.layers\.(\d+)\.mlp\.gate_proj\.", r"model.transformer.blocks.\1.ff_proj."),
+    (r"^model\.language_model\.layers\.(\d+)\.mlp\.up_proj\.", r"model.transformer.blocks.\1.up_proj."),
+    (r"^model\.language_model\.layers\.(\d+)\.mlp\.down_proj\.", r"model.transformer.blocks.\1.ff_out."),
+    (r"^model\.language_model\.layers\.(\d+)\.input_layernorm\.", r"model.transformer.blocks.\1.attn_norm."),
+    (r"^model\.language_model\.layers\.(\d+)\.post_attention_layernorm\.", r"model.transformer.blocks.\1.ff_norm."),
+    (r"^model\.language_model\.embed_tokens\.", "model.transformer.wte."),
+    (r"^model\.language_model\.norm\.", "model.transformer.ln_f."),
+    (r"^lm_head\.", "model.transformer.ff_out."),
+    (r"^model\.multi_modal_projector\.linear_1\.", "model.mm_projector.0."),
+    (r"^model\.multi_modal_projector\.linear_2\.", "model.mm_projector.2."),
+    (r"^model\.vision_tower\.", "model.vision_tower.vision_tower.vision_model."),  # LaViDa wraps SigLipVisionModel
+)
+
+
+def official_lavida_files(model, tokenizer, out: Path) -> None:
+    """Write a LaViDa model as the release lays a directory out: ``config.json`` of model_type ``llava_llada`` with
+    OLMo-style LLaDA fields (``d_model``, ``n_layers``, ...) and the ``mm_*`` fields of the stage-2 script, weights
+    with the release's names (``model.transformer.*``, ``model.mm_projector.{0,2}``, ``model.image_newline``,
+    ``model.vision_tower.vision_tower.*``), the tokenizer, and the tower's config in the subdirectory
+    ``mm_vision_tower`` names, one layer deeper than the weights (the release deletes the tower's last layer)."""
+    cfg = model.config
+    text, vision = cfg.text_config, cfg.vision_config
+    state = {}
+    for key, value in model.state_dict().items():
+        for pattern, repl in _LAVIDA_RELEASE_NAMES:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key)
+                break
+        state[key] = value.contiguous().clone()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = {"model_type": "llava_llada", "architectures": ["LlavaLladaForMaskedDiffusion"], "d_model": text.hidden_size,
+           "n_layers": text.num_hidden_layers, "n_heads": text.num_attention_heads,
+           "n_kv_heads": text.num_key_value_heads, "mlp_hidden_size": text.intermediate_size,
+           "vocab_size": text.vocab_size, "embedding_size": text.vocab_size,
+           "max_sequence_length": text.max_position_embeddings, "rope": True,
+           "rope_theta": text.rope_parameters["rope_theta"], "rms_norm_eps": text.rms_norm_eps, "include_bias": False,
+           "block_type": "llama", "layer_norm_type": "rms", "activation_type": "silu", "weight_tying": False,
+           "mask_token_id": text.mask_token_id, "eos_token_id": text.eos_token_id, "pad_token_id": text.pad_token_id,
+           "bos_token_id": text.bos_token_id, "mm_vision_tower": OFFICIAL_TOWER_DIR,
+           "mm_hidden_size": vision.hidden_size, "mm_projector_type": "mlp2x_gelu", "mm_vision_select_layer": -2,
+           "mm_vision_select_feature": "patch", "mm_patch_merge_type": "spatial_unpad", "image_aspect_ratio": "anyres",
+           "image_grid_pinpoints": cfg.image_grid_pinpoints, "mm_spatial_pool_mode": cfg.spatial_pool_mode,
+           "mm_newline_position": "grid", "use_mm_proj": True, "mm_use_im_start_end": False}
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    tokenizer.save_pretrained(out)
+    tower = out / OFFICIAL_TOWER_DIR
+    tower.mkdir(exist_ok=True)
+    deeper = {**vision.to_dict(), "model_type": "siglip_vision_model", "num_hidden_layers": vision.num_hidden_layers + 1}
+    (tower / "config.json").write_text(json.dumps(deeper, indent=2))
+
+
 def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
     """Write a tiny *random* VLM directory laid out like a real Hugging Face checkpoint (weights, config, tokenizer,
     image processor, chat template; ``keepsight world tiny``): to try keepsight's loader and methods on each
@@ -336,6 +428,14 @@ def save_tiny_checkpoint(preset: str, out_dir, seed: int = 0) -> Path:
     out = Path(out_dir)
 
     def write(d: Path) -> None:
+        if preset in ("tiny-lavida", "tiny-lavida-official"):
+            model, processor = build_lavida(seed)
+            if preset == "tiny-lavida":
+                model.save_pretrained(d)
+                processor.save_pretrained(d)
+            else:
+                official_lavida_files(model, processor.tokenizer, d)
+            return
         if preset == "tiny-llada-v-official":
             processor = build_processor(tokenizer=llada_style_tokenizer())
             model, images = build_llada_v_siglip(processor, seed=seed)
