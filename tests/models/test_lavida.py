@@ -190,3 +190,64 @@ def test_llada_sampler_mps_and_mrs_on_lavida(tiny):
             run(enc)
         assert torch.equal(model(**inputs).logits[:, -8:], plain)  # both removed on exit
     assert not torch.allclose(suppressed, plain) and not torch.allclose(scaled, plain)
+
+
+def test_prefix_dlm_cache_is_a_full_forward_where_the_prompt_cannot_see_the_answer(tiny):
+    """cache="prompt" (LaViDa's Prefix-DLM): the prompt's keys come from a forward over the prompt alone, and every
+    step runs the generation slots on them. Its logits equal one full forward whose prompt rows are masked from the
+    answer columns (a 4-D mask), and differ from the plain full forward; a padded batch decodes as each row alone."""
+    from keepsight.models.llada import BlockKV
+
+    model, processor = tiny
+    mask_id = model.config.text_config.mask_token_id
+    enc = _enc(processor, [Image.new("RGB", (112, 40), (200, 20, 20))])
+    images = {k: enc[k] for k in ("pixel_values", "image_sizes")}
+    P, G = enc["input_ids"].shape[1], 8
+    x = torch.cat([enc["input_ids"], torch.full((1, G), mask_id)], 1)
+    blocked = torch.zeros(1, 1, P + G, P + G)
+    blocked[..., :P, P:] = float("-inf")
+    with torch.no_grad():
+        twin = model(input_ids=x, attention_mask=blocked, **images).logits[:, P:]
+        full = model(input_ids=x, **images).logits[:, P:]
+        kv = BlockKV().record(torch.ones(P, dtype=torch.bool), torch.ones(1, P, dtype=torch.long))
+        model(input_ids=x[:, :P], cache=kv, **images)
+        got = model(input_ids=x[:, P:], attention_mask=torch.ones(1, G, dtype=torch.long),
+                    position_ids=torch.arange(P, P + G)[None], cache=kv.read()).logits
+    torch.testing.assert_close(got, twin, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, full, atol=1e-3)
+
+    def run(images, questions):
+        e = _enc(processor, images, questions)
+        return generate(model, e["input_ids"], e["attention_mask"], e["pixel_values"], gen_length=8, steps=8,
+                        block_length=4, mask_token_id=mask_id, cache="prompt",
+                        model_kwargs={k: e[k] for k in ("image_sizes", "batch_num_images")})
+
+    images = [Image.new("RGB", (120, 50), (200, 20, 20)), Image.new("RGB", (56, 56), (20, 20, 200))]
+    questions = ["describe the scene .", "what is red ?"]
+    out = run(images, questions)
+    assert out.forwards == 1 + 8  # the prompt once, then one forward of the 8 slots a step
+    for r in range(2):
+        assert torch.equal(out.generated[r], run(images[r: r + 1], questions[r: r + 1]).generated[0]), r
+    with pytest.raises(ValueError, match="cache='prompt' records the prompt once"):
+        generate(model, x[:, :P], gen_length=8, steps=8, mask_token_id=mask_id, cache="prompt", refresh_every=2)
+
+
+def test_eval_generate_on_lavida_bans_no_token(dirs, monkeypatch):
+    """keepsight's Pipeline decodes a LaViDa directory with LaViDa's sampler settings: no token banned at the mask
+    slots (LLaDA-V's four bans are LLaDA-V's); the answer ends at the first end-of-text or <|eot_id|>."""
+    import keepsight.inference.pipeline as pipeline_module
+    from keepsight.inference import Pipeline
+
+    official, _ = dirs
+    seen = {}
+    real = pipeline_module.diffusion_generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "diffusion_generate", spy)
+    pipe = Pipeline(str(official), method="diffusion", dtype="float32", device="cpu")
+    answers = pipe.generate_samples([Sample.single_turn("describe the scene .", image=Image.new("RGB", (56, 56)))],
+                                    {"max_new_tokens": 4})
+    assert seen["suppress_token_ids"] == [] and len(answers) == 1

@@ -14,6 +14,10 @@ forward at each block's first step that records the keys / values of everything 
 attending to the recorded prefix. ``cache="dual"`` also records the slots after the block and forwards the
 block alone. The recorded keys are those of the sequence as it was at the refresh, so later steps are an
 approximation (``refresh_every=k`` refreshes every k steps; ``refresh_every=1`` is the plain sampler).
+``cache="prompt"`` is LaViDa's Prefix-DLM (its ``llada_generate(prefix_lm=True)``; its paper, Sec. 3.3): one forward
+over the prompt alone records its keys / values, never refreshed, and every step forwards the generation slots only
+(positions from ``P`` on), attending to the prompt's keys and to each other. The prompt never sees the answer, in
+every step alike, so this is a model of its own (LaViDa trains for it) rather than an approximation of the plain one.
 ``threshold``: confidence-aware parallel decoding, by one of two rules (``threshold_rule``). ``"fast-dllm"`` (the
 default; Fast-dLLM's ``llada/generate.py`` ``get_transfer_index``): each step commits the block's most confident
 masked slot and every other masked slot whose confidence is at least the threshold, and the block's steps go on
@@ -47,7 +51,7 @@ from ..models.arch import check_length
 from ..models.llada import BlockKV
 
 REMASKING = ("low_confidence", "random")
-CACHES = ("none", "prefix", "dual")
+CACHES = ("none", "prefix", "dual", "prompt")
 THRESHOLD_RULES = ("fast-dllm", "schedule")
 
 
@@ -137,7 +141,7 @@ class SamplerConfig:
     remasking: str = "low_confidence"  # which slots a step commits: "low_confidence" | "random"
     suppress_token_ids: tuple[int, ...] = ()  # ids never generated (their logits -inf at the slots)
     mask_token_id: int | None = None  # default: the model config's
-    cache: str = "none"  # "none" | "prefix" | "dual" (fast decoding)
+    cache: str = "none"  # "none" | "prefix" | "dual" (fast decoding) | "prompt" (LaViDa's Prefix-DLM)
     threshold: float | None = None  # confidence-aware parallel decoding
     refresh_every: int | None = None  # cached: refresh the recorded keys every k steps
     threshold_rule: str = "fast-dllm"  # "fast-dllm" | "schedule"
@@ -154,9 +158,10 @@ class SamplerConfig:
             raise ValueError(f"threshold_rule must be one of {THRESHOLD_RULES}, got {self.threshold_rule!r}")
         if self.refresh_every is not None:
             object.__setattr__(self, "refresh_every", number("refresh_every", self.refresh_every, 1, integer=True))
-            if self.cache == "none":
+            if self.cache in ("none", "prompt"):
                 raise ValueError("refresh_every refreshes the cache: it needs cache='prefix' or 'dual' (with "
-                                 "cache='none' every step is a full forward already)")
+                                 "cache='none' every step is a full forward already; cache='prompt' records the "
+                                 "prompt once, which no step changes)")
         if self.cache != "none" and self.cfg_scale > 0:
             raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use "
                              "cache='none'")
@@ -255,6 +260,10 @@ def generate(
     key_mask_full = am if am is not None else torch.ones(B, T, dtype=torch.long, device=device)  # [B, T]
     records: list[StepTrace] = []
     step = forwards = token_forwards = 0
+    if cache == "prompt":  # the prompt alone, once: its keys never see a generation slot
+        kv.record(torch.ones(P, dtype=torch.bool, device=device), key_mask_full[:, :P])
+        model(input_ids=x[:, :P], **{k: v[:, :P] for k, v in base_kwargs.items()}, **cond_kwargs, cache=kv)
+        forwards, token_forwards = forwards + 1, token_forwards + B * P
     for b in range(n_blocks):
         lo, hi = P + b * block_length, P + (b + 1) * block_length  # current block [lo, hi)
         schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block)  # [B, steps_per_block]
@@ -266,6 +275,10 @@ def generate(
             if kv is None:
                 logits = model(input_ids=x, **base_kwargs, **cond_kwargs).logits[:, lo:hi]  # [B, L, V]
                 forwards, token_forwards = forwards + 1, token_forwards + B * T
+            elif cache == "prompt":  # every generation slot, on the prompt's recorded keys
+                window = {"attention_mask": key_mask_full[:, P:], "position_ids": positions[:, P:]}
+                logits = model(input_ids=x[:, P:], **window, cache=kv.read()).logits[:, lo - P: hi - P]
+                forwards, token_forwards = forwards + 1, token_forwards + B * gen_length
             elif s == 0 or (refresh_every is not None and s % refresh_every == 0):
                 cols = torch.arange(T, device=device)
                 keep = (cols < lo) | (cols >= end)  # [T]: what the window's steps will read from the record

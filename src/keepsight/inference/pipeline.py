@@ -24,7 +24,7 @@ import torch
 from ..data import padding_side
 from ..diffusion import generate as diffusion_generate
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
-from ..models.arch import check_finite, check_length
+from ..models.arch import arch_spec, check_finite, check_length
 from ..models.llada_official import shipped_decoding
 from ..pvm import load_pvm
 from .arguments import DECODING_KEYS, decoding_settings
@@ -313,7 +313,9 @@ class Pipeline:
         gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
         tok = self.tokenizer
         suppress, stop = shipped_decoding(tok)  # LLaDA-V's bans at mask slots and its <|eot_id|> stop, as shipped
-        if not suppress:  # another tokenizer: pad and bos are never generated
+        if arch_spec(self._model).kind == "lavida":  # LaViDa's sampler (llada/generate.py) bans no token
+            suppress = []
+        elif not suppress:  # another tokenizer: pad and bos are never generated
             suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
         prompt_len = enc["input_ids"].shape[1]
