@@ -49,6 +49,9 @@ def test_the_diffusion_switches():
     (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
     (["--diffusion", "--mps.k", "0"], "k must be"),
     (["--diffusion", "--mrs.mode", "sideways"], "mode"),
+    (["--sampler.cache", "prompt"], "--sampler.*, --steps and --block-length are for --diffusion"),
+    (["--diffusion", "--sampler.cache", "all"], "cache must be one of"),
+    (["--diffusion", "--sampler.cache", "prompt", "--sampler.refresh_every", "2"], "cache='prompt' records the prompt"),
 ])
 def test_bad_settings_are_named_before_the_model_loads(monkeypatch, capsys, extra, message):
     def no_load(*a, **k):
@@ -78,7 +81,11 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
     monkeypatch.setattr(eval_command, "Pipeline", Recorder)
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8"))
-    assert seen["mps"] == {"k": 4} and seen["mrs"] == {} and seen["baseline"] is None
+    assert seen["mps"] == {"k": 4} and seen["mrs"] == {} and seen["baseline"] is None and seen["sampler"] == {}
+    with pytest.raises(KeyboardInterrupt):
+        eval_command.load_method(_args("--diffusion", "--sampler.cache", "prompt", "--sampler.threshold", "0.9",
+                                       "--sampler.threshold_rule", "schedule"))
+    assert seen["sampler"] == {"cache": "prompt", "threshold": 0.9, "threshold_rule": "schedule"}
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--pai.alpha", "0.5"))
     assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["mps"] is None

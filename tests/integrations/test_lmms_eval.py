@@ -256,6 +256,36 @@ def test_mps_lam_zero_and_mrs_beta_zero_change_nothing(llada_dir, task_dict):
     assert all(isinstance(t, str) for t in changed) and changed != plain
 
 
+def test_the_sampler_s_fast_decoding_is_a_model_argument(llada_dir, vlm, processor, images, task_dict,
+                                                         monkeypatch):
+    """sampler_cache / sampler_threshold / ... reach keepsight.diffusion.generate: the cached sampler's answer is
+    the sampler's own at those settings; a bad value or an unknown field is refused before the model loads."""
+    import keepsight.inference.pipeline as pipeline_module
+    from keepsight.diffusion import generate as diffuse
+
+    seen = []
+    monkeypatch.setattr(pipeline_module, "diffusion_generate", lambda *a, **k: seen.append(k) or diffuse(*a, **k))
+    lm = make(task_dict, pretrained=llada_dir, method="diffusion", steps=8, gen_length=8, block_length=4,
+              sampler_cache="dual", sampler_threshold="0.5")
+    assert lm.sampler == {"cache": "dual", "threshold": 0.5}
+    out = lm.generate_until(gen_requests({"max_new_tokens": 8}, [0]))
+    tok = processor.tokenizer
+    enc = processor(text=[chat_example(processor, QUESTIONS[0])], images=[images[0]], return_tensors="pt")
+    gen = diffuse(vlm, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=8, steps=8,
+                  block_length=4, suppress_token_ids=[tok.pad_token_id, tok.bos_token_id], cache="dual",
+                  threshold=0.5, generator=torch.Generator().manual_seed(0)).generated[0].tolist()
+    if tok.eos_token_id in gen:
+        gen = gen[: gen.index(tok.eos_token_id)]
+    assert out[0] == tok.decode(gen, skip_special_tokens=True).strip()
+    assert seen[0]["cache"] == "dual" and seen[0]["threshold"] == 0.5
+    with pytest.raises(ValueError, match=r"unknown sampler setting\(s\) \['sampler_steps'\]"):
+        make(task_dict, pretrained=llada_dir, method="diffusion", sampler_steps=4)
+    with pytest.raises(ValueError, match="cache must be one of"):
+        make(task_dict, pretrained=llada_dir, method="diffusion", sampler_cache="all")
+    with pytest.raises(ValueError, match=r"sampler.cache only apply to method=diffusion"):
+        make(task_dict, pretrained=llada_dir, sampler_cache="prefix")
+
+
 def test_every_mps_and_mrs_config_field_is_a_model_argument(llada_dir, task_dict):
     """The model arguments come from MPSConfig / MRSConfig's fields: the released / projection variant, the
     prior, the RoPE mode and segments reach the fixes, and a name that is no field is refused by name."""

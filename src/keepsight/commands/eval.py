@@ -58,7 +58,13 @@ from ..metrics.pope import (
 )
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
-from .method_options import add_method_options, baseline_choice, switched_settings
+from .method_options import (
+    add_method_options,
+    add_sampler_options,
+    baseline_choice,
+    sampler_settings,
+    switched_settings,
+)
 from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
 
 POPE_KIND = "pope"
@@ -105,19 +111,21 @@ def method_args(g, required_model: bool = True) -> None:
     g.add_argument("--device", default="auto")
     g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
     add_method_options(g, ("autoregressive", "diffusion"))
+    add_sampler_options(g)
 
 
 def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
-    mps, mrs = switched_settings(args, "mps"), switched_settings(args, "mrs")
-    if (mps is not None or mrs is not None or args.steps or args.block_length) and not args.diffusion:
-        raise ValueError("--mps, --mrs (and their options), --steps and --block-length are for --diffusion")
+    mps, mrs, sampler = switched_settings(args, "mps"), switched_settings(args, "mrs"), sampler_settings(args)
+    if (mps is not None or mrs is not None or sampler or args.steps or args.block_length) and not args.diffusion:
+        raise ValueError("--mps, --mrs (and their options), --sampler.*, --steps and --block-length are for "
+                         "--diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)
     return Pipeline(args.model, method=method, pvm=args.pvm, mps=mps, mrs=mrs, dtype=args.dtype,
                     device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
                     block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
-                    baseline=baseline, baseline_args=baseline_args or None)
+                    baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)
 
 
 def generate_parser(ev_sub) -> None:

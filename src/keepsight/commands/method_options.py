@@ -9,6 +9,9 @@ A method's settings come from its dotted options and, as before, from one JSON o
 
 from __future__ import annotations
 
+import dataclasses
+
+from ..diffusion.sampler import USER_SETTINGS, SamplerConfig
 from ..inference import get_method, method_names
 from .config_options import add_config_options, given_settings, option_names
 from .options import json_settings
@@ -32,6 +35,23 @@ def add_method_options(parser, families: tuple[str, ...]) -> None:
             turns_on = f"--{name}" if name in SWITCHED else f"--baseline {name}"
             add_config_options(parser, name, entry.config, title=f"{name} settings (--{name}.FIELD)",
                                note=f"{entry.config.__name__}; any of these turns on {turns_on}")
+
+
+# the diffusion sampler's fast-decoding settings, as --sampler.FIELD options (the other fields have options of their own)
+_SAMPLER_SKIP = tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.name not in USER_SETTINGS)
+
+
+def add_sampler_options(parser) -> None:
+    """``--sampler.cache``, ``--sampler.threshold``, ``--sampler.threshold_rule``, ``--sampler.refresh_every``."""
+    add_config_options(parser, "sampler", SamplerConfig, skip=_SAMPLER_SKIP,
+                       title="diffusion sampler (--sampler.FIELD)",
+                       note="keepsight.diffusion.SamplerConfig's fast decoding: cache 'prefix' / 'dual' (ours, after "
+                            "Fast-dLLM), 'prompt' (LaViDa's Prefix-DLM), a confidence threshold")
+
+
+def sampler_settings(args) -> dict:
+    """The ``--sampler.FIELD`` options the user gave."""
+    return given_settings(args, "sampler", SamplerConfig, skip=_SAMPLER_SKIP)
 
 
 def _dotted(args, name: str) -> dict:

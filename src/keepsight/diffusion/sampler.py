@@ -52,6 +52,10 @@ from ..models.llada import BlockKV
 
 REMASKING = ("low_confidence", "random")
 CACHES = ("none", "prefix", "dual", "prompt")
+# the sampler's settings a user picks beyond the step schedule (``keepsight eval --sampler.FIELD``, lmms-eval's
+# ``sampler_FIELD=``); the schedule (gen_length, steps, block_length), temperature, guidance and remasking have their
+# own options, the banned ids and the mask id come from the model
+USER_SETTINGS = ("cache", "threshold", "threshold_rule", "refresh_every")
 THRESHOLD_RULES = ("fast-dllm", "schedule")
 
 
@@ -182,6 +186,17 @@ class SamplerConfig:
     def until_done(self) -> bool:
         """Fast-dLLM's rule: no step budget, each block's steps go on until it is done."""
         return self.threshold is not None and self.threshold_rule == "fast-dllm"
+
+
+def user_settings(settings: dict | None) -> dict:
+    """``settings`` (fields of ``USER_SETTINGS``) checked as ``SamplerConfig`` checks them, before any model loads:
+    an unknown field or a bad value is a ValueError naming it."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(USER_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown sampler setting(s) {unknown}; known: {list(USER_SETTINGS)}")
+    SamplerConfig(gen_length=1, steps=1, **settings)
+    return settings
 
 
 @torch.no_grad()

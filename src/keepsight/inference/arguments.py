@@ -104,10 +104,21 @@ def _word_or(convert):
 _SCALARS = {int: as_int, float: as_float, bool: as_bool, str: as_str}
 
 
+def _or_none(convert):
+    """A converter for ``X | None`` fields: None, "none" or "null" is None, anything else ``convert``'s."""
+    def optional(name: str, value: Any):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+            return None
+        return convert(name, value)
+    return optional
+
+
 def _converter(hint):
     if hint in _SCALARS:
         return _SCALARS[hint]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and args[0] in _SCALARS and type(None) in typing.get_args(hint):
+        return _or_none(_SCALARS[args[0]])
     if str in args:  # str | list[int] or str | Iterable[str]
         inner = [typing.get_args(a)[0] for a in args if a is not str and typing.get_args(a)]
         if inner and inner[0] is int:
@@ -116,11 +127,12 @@ def _converter(hint):
     raise TypeError(f"no argument converter for {hint!r}")
 
 
-def config_keys(cls) -> dict:
-    """``{field: converter(name, value)}`` for every init field of the config dataclass ``cls``, from its
-    annotation (the config checks the values themselves when it is built)."""
+def config_keys(cls, only=None) -> dict:
+    """``{field: converter(name, value)}`` for every init field of the config dataclass ``cls`` (those in ``only``
+    when given), from its annotation (the config checks the values themselves when it is built)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    return {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls)
+            if f.init and (only is None or f.name in only)}
 
 
 def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) -> dict | None:

@@ -23,6 +23,7 @@ import torch
 
 from ..data import padding_side
 from ..diffusion import generate as diffusion_generate
+from ..diffusion.sampler import user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..models.arch import arch_spec, check_finite, check_length
 from ..models.llada_official import shipped_decoding
@@ -52,14 +53,16 @@ class Pipeline:
     """A loaded checkpoint, its method and its decoding methods. See the module docstring.
 
     ``mps`` / ``mrs``: None (off) or their settings (``{}`` for the defaults). ``steps``, ``gen_length``,
-    ``block_length``, ``cfg_scale``, ``remasking`` and ``seed`` are the diffusion sampler's."""
+    ``block_length``, ``cfg_scale``, ``remasking`` and ``seed`` are the diffusion sampler's, and ``sampler`` its
+    fast-decoding settings (``keepsight.diffusion.sampler.USER_SETTINGS``: ``cache``, ``threshold``,
+    ``threshold_rule``, ``refresh_every``)."""
 
     def __init__(self, pretrained: str | os.PathLike, method: str = "none", pvm: str | os.PathLike | None = None,
                  baseline: str | None = None, baseline_args: dict | None = None, mps: dict | None = None,
                  mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = 128,
                  steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
-                 system_prompt: str | None = None):
+                 system_prompt: str | None = None, sampler: dict | None = None):
         self.method = get_method(method, stage="load").name
         # the decoding methods, applied in this order around each batch; built here so that bad settings are named
         # before a (minutes long) load, prepared on the model once it is loaded
@@ -69,6 +72,7 @@ class Pipeline:
                 if settings is not None:
                     self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
         self._baseline = self._requested_baseline(baseline, baseline_args)
+        self.sampler = user_settings(sampler)  # checked before the (minutes long) load
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
@@ -115,6 +119,7 @@ class Pipeline:
                 given.append("cfg_scale")
             if self.remasking != "low_confidence":
                 given.append("remasking")
+            given += [f"sampler.{k}" for k in self.sampler]
             if given:
                 raise ValueError(f"{', '.join(given)} only apply to method=diffusion (method is {self.method})")
 
@@ -324,7 +329,8 @@ class Pipeline:
                                      gen_length=gen_length, steps=steps, block_length=block,
                                      temperature=s["temperature"] if s["do_sample"] else 0.0, cfg_scale=self.cfg_scale,
                                      remasking=self.remasking, suppress_token_ids=suppress,
-                                     generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra)
+                                     generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra,
+                                     **self.sampler)
         eos, pad = self._eos_ids() | set(stop), tok.pad_token_id if tok.pad_token_id is not None else 0
         rows = []
         for row in out.generated.tolist():  # cut at the first end-of-sequence token, pad to a rectangle

@@ -14,7 +14,8 @@
 - ``diffusion``: a LLaDA-V-style masked-diffusion VLM (LLaVA with a ``llada`` text model: a directory
   written by ``keepsight diffusion train``, or a LLaDA-V-layout checkpoint that ``load_llada_v`` maps),
   decoded by ``keepsight.diffusion.generate`` (``steps``, ``gen_length``, ``block_length``, ``cfg_scale``,
-  ``remasking``, ``seed``), optionally with Mask Prior Suppression (``mps=true`` or
+  ``remasking``, ``seed``; fast decoding with ``sampler_cache=prefix|dual|prompt``, ``sampler_threshold``,
+  ``sampler_threshold_rule``, ``sampler_refresh_every``), optionally with Mask Prior Suppression (``mps=true`` or
   ``mps={"k":3,"lam":0.1}`` or ``mps_k=3,mps_lam=0.1``) and Monotonic RoPE Scaling (``mrs=true`` or
   ``mrs={"beta":0.01}`` or ``mrs_beta=0.01,mrs_eta=8``). Defaults are the papers' (MPS k 3, lam 0.1;
   MRS beta 0.01, eta 8, tau0 0.6).
@@ -65,7 +66,8 @@ import sys
 from PIL import Image
 from tqdm import tqdm
 
-from ..diffusion import MPSConfig, MRSConfig
+from ..diffusion import MPSConfig, MRSConfig, SamplerConfig
+from ..diffusion.sampler import USER_SETTINGS
 from ..inference import Pipeline, method_names
 from ..inference.arguments import (
     as_choice,
@@ -83,6 +85,8 @@ CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = tuple(method_names("load"))  # how the model is set up (keepsight.inference.METHODS)
 MPS_KEYS = config_keys(MPSConfig)  # every MPSConfig field, as mps_<field>=... or in mps={...}
 MRS_KEYS = config_keys(MRSConfig)
+# the sampler's fast decoding, as sampler_<field>=... (sampler_cache=prompt, sampler_threshold=0.9)
+SAMPLER_KEYS = config_keys(SamplerConfig, only=USER_SETTINGS)
 MPS_DEFAULTS = MPSConfig.paper_defaults()  # {"k": 3, "lam": 0.1}
 MRS_DEFAULTS = MRSConfig.paper_defaults()  # {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
 
@@ -109,11 +113,16 @@ class KeepsightLMM(Pipeline):
         mps_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mps_")}
         mrs_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mrs_")}
         baseline_flat = {k[9:]: extra.pop(k) for k in list(extra) if k.startswith("baseline_")}
+        sampler_flat = {k[8:]: extra.pop(k) for k in list(extra) if k.startswith("sampler_")}
         if extra:
             raise ValueError(f"unknown model argument(s) {sorted(extra)}; keepsight accepts pretrained, method, pvm, "
                              "mps, mps_*, mrs, mrs_*, dtype, device, batch_size, max_new_tokens, steps, gen_length, "
                              "block_length, cfg_scale, remasking, seed, system_prompt, ll_output, baseline, "
-                             "baseline_args, baseline_*")
+                             "baseline_args, baseline_*, sampler_*")
+        unknown = sorted(set(sampler_flat) - set(SAMPLER_KEYS))
+        if unknown:
+            raise ValueError(f"unknown sampler setting(s) {['sampler_' + k for k in unknown]}; known: "
+                             f"{['sampler_' + k for k in SAMPLER_KEYS]}")
         if pretrained is None:
             raise ValueError("pretrained=<checkpoint directory> is required")
         method = as_choice("method", method, METHODS)
@@ -140,7 +149,8 @@ class KeepsightLMM(Pipeline):
             block_length=None if block_length is None else as_int("block_length", block_length, 1),
             cfg_scale=as_float("cfg_scale", cfg_scale, 0.0),
             remasking=as_choice("remasking", remasking, ("low_confidence", "random")), seed=as_int("seed", seed),
-            system_prompt=None if system_prompt in (None, "") else str(system_prompt))
+            system_prompt=None if system_prompt in (None, "") else str(system_prompt),
+            sampler={k: SAMPLER_KEYS[k](f"sampler_{k}", v) for k, v in sampler_flat.items()})
 
     @staticmethod
     def _batch_size(value) -> int:
