@@ -341,3 +341,45 @@ def test_mrs_refuses_a_gen_start_it_cannot_use_and_the_cached_sampler_with_colum
     assert not hasattr(lm, "_keepsight_reads_columns")  # removed on exit
     with MonotonicRoPEScaling(beta=0.5).apply(lm):  # segments "all" reads no column: the cache is fine
         generate(lm, prompt, gen_length=4, steps=4, cache="dual")
+
+
+def test_flash_path_spans_scale_q_and_k_per_column(vlm, vlm_inputs):
+    """MPD-PAC's flash-attention path multiplies cos and sin by 0.3 over the image tokens and by 2.0 over the last
+    min(128, T - img_end) columns. RoPE is linear in q and k, so that equals scaling every layer's q_proj and k_proj
+    outputs by the same per-column factors (the twin below); the sampler runs under it uncached, and a cache is
+    refused."""
+    from keepsight.diffusion import FlashPathSpans, generate
+
+    spans = FlashPathSpans(span=3)  # fewer than the columns after the image: the last 3 get 2.0
+    ids = vlm_inputs["input_ids"]
+    image_id = vlm.config.image_token_id
+    scales = spans.scales(ids, image_id)[0]
+    image = (ids[0] == image_id).nonzero().flatten()
+    assert torch.all(scales[image] == 0.3) and torch.all(scales[-3:] == 2.0)
+    assert torch.all(scales[: int(image[0])] == 1) and torch.all(scales[int(image[-1]) + 1: -3] == 1)
+    with torch.no_grad():
+        plain = vlm(**vlm_inputs).logits
+        with spans.apply(vlm):
+            got = vlm(**vlm_inputs).logits
+        assert torch.equal(vlm(**vlm_inputs).logits, plain)  # removed on exit
+        factor = scales[None, :, None]
+
+        def times(module, args, out):
+            return out * factor
+
+        handles = [m.register_forward_hook(times) for layer in decoder_stack(vlm).layers
+                   for m in (layer.self_attn.q_proj, layer.self_attn.k_proj)]
+        try:
+            twin = vlm(**vlm_inputs).logits
+        finally:
+            for h in handles:
+                h.remove()
+    torch.testing.assert_close(got, twin, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)
+    n = vlm_inputs["input_ids"].shape[1] - 4
+    prompt, mask = vlm_inputs["input_ids"][:, :n], vlm_inputs["attention_mask"][:, :n]
+    with FlashPathSpans().apply(vlm):
+        generate(vlm, prompt, mask, vlm_inputs["pixel_values"], gen_length=4, steps=4)
+        with pytest.raises(ValueError, match="FlashPathSpans reads column indices"):
+            generate(vlm, prompt, mask, vlm_inputs["pixel_values"], gen_length=4, steps=4, cache="prefix")
+    assert not ids.equal(torch.zeros_like(ids)) and spans.scales(ids[:, :3], image_id).eq(1).all()

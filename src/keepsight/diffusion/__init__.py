@@ -12,7 +12,7 @@ from keepsight.diffusion.mps import (
     pca_basis,
     prior_cosine,
 )
-from keepsight.diffusion.mrs import MonotonicRoPEScaling, RoPEBaseline
+from keepsight.diffusion.mrs import FlashPathSpans, MonotonicRoPEScaling, RoPEBaseline
 from keepsight.diffusion.sampler import (
     DiffusionOutput,
     SamplerConfig,
@@ -28,6 +28,7 @@ __all__ = [
     "MPSConfig",
     "MRSConfig",
     "MaskPriorSuppression",
+    "FlashPathSpans",
     "MonotonicRoPEScaling",
     "RoPEBaseline",
     "SamplerConfig",

@@ -215,3 +215,70 @@ class RoPEBaseline:
             yield self
         finally:
             rotary.inv_freq, rotary.attention_scaling = original
+
+
+class FlashPathSpans:
+    """What MPD-PAC's LLaDA-V flash-attention path does to RoPE (``LLaDAFlashAttention2.forward`` in
+    ``LLaDA-V/llava/model/language_model/modeling_llada_ours.py``; ``flash_attention_2`` is its model builder's default
+    attention): whenever its sampler passes the image span, MRS on or off, the rotary cos and sin (so q and k alike)
+    are multiplied by ``vision_scale`` (0.3) over the image tokens ``[img_start, img_end)`` and by ``gen_scale`` (2.0)
+    over the last ``min(span, T - img_end)`` columns (``span`` 128: the generation slots, and the prompt's last text
+    when fewer than 128 are generated). A logit between columns i and j is so multiplied by ``s_i * s_j``. The release's
+    eager and sdpa paths, and keepsight's default, leave RoPE alone; this is that path as a named setting.
+
+    Per row, the image span is its first to last image token (the release runs one row, whose image features fill
+    exactly that span); a row without image tokens is left as it is (the release's text-only call passes no span).
+    Like MRS's segments it reads columns, so it needs full-sequence forwards (``cache="none"``)."""
+
+    def __init__(self, vision_scale: float = 0.3, gen_scale: float = 2.0, span: int = 128):
+        self.vision_scale = number("vision_scale", vision_scale, 0.0, open_low=True)
+        self.gen_scale = number("gen_scale", gen_scale, 0.0, open_low=True)
+        self.span = number("span", span, 0, integer=True)
+
+    def scales(self, ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+        """``[B, T]``: each column's factor on cos and sin."""
+        B, T = ids.shape
+        out = torch.ones(B, T, dtype=torch.float32, device=ids.device)
+        for b in range(B):
+            where = (ids[b] == image_token_id).nonzero().flatten()
+            if where.numel() == 0:
+                continue
+            start, end = int(where[0]), int(where[-1]) + 1
+            out[b, start:end] = self.vision_scale
+            gen = min(self.span, T - end)
+            if gen:
+                out[b, T - gen:] = self.gen_scale
+        return out
+
+    @contextmanager
+    def apply(self, model: torch.nn.Module, image_token_id: int | None = None):
+        rotary = decoder_stack(model).rotary_emb
+        if image_token_id is None:
+            image_token_id = config_image_token_id(getattr(model, "config", None) or {})
+        if image_token_id is None:
+            raise ValueError("FlashPathSpans needs image_token_id (the model config names none)")
+        state: dict = {"ids": None}
+
+        def grab(module, args, kwargs):
+            state["ids"] = _input_ids_of(args, kwargs)
+
+        def hook(module, args, kwargs, out):
+            ids = state["ids"]
+            if ids is None:
+                raise RuntimeError("FlashPathSpans reads the image span from input_ids (got inputs_embeds only)")
+            cos, sin = out  # [B|1, T, D]
+            if cos.shape[-2] != ids.shape[1]:
+                raise RuntimeError(f"the rotary embedding covers {cos.shape[-2]} columns but the input {ids.shape[1]}: "
+                                   "FlashPathSpans needs full-sequence forwards (cache='none')")
+            s = self.scales(ids, image_token_id)[..., None].to(cos.dtype)  # [B, T, 1]
+            return cos * s, sin * s
+
+        handles = [model.register_forward_pre_hook(grab, with_kwargs=True),
+                   rotary.register_forward_hook(hook, with_kwargs=True)]
+        model._keepsight_reads_columns = "FlashPathSpans"
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            model.__dict__.pop("_keepsight_reads_columns", None)
