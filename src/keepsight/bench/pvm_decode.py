@@ -4,7 +4,8 @@ and 8, three ways: the base; PVM with the visual memory projected once per reque
 reducer and k / v projections over every visual token at every step (the released code's way). One prefill per
 batch size; each timing is a run of cached decode steps from the same cache (cropped back), arms interleaved, the
 medians of the repeats reported. The overhead is measured on the 4-layer model, and projected to the 36 layers of
-the real model from the measured per-layer and LM-head times (PVM keeps its 3 blocks)."""
+the real model from the measured per-layer and LM-head times (PVM keeps its 3 blocks). FLOPs per decoded token at the
+full depth are counted from the shapes (``decode_flops``)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,23 @@ def _decode(model, cache, prefix: int, first: torch.Tensor, mask: torch.Tensor, 
 
 
 MAX_NEW_TOKENS = 16  # decode steps timed a run: the default and the most this benchmark takes (more is refused)
+
+
+def decode_flops(m: dict = Q3VL_8B, visual: int = 1024, context: int = 1040, p: int = 512, blocks: int = 3) -> dict:
+    """Multiply-adds x 2 per decoded token and row, counted from the shapes: the base text model (every layer's
+    projections, attention over ``context`` keys, FFN, LM head) and PVM's ``blocks`` released blocks of latent width
+    ``p``: once (text reducer, cross-attention over ``visual`` keys, MLP, expander: the visual side projected once per
+    request) and every step (the release also runs the vision reducer and the k / v projections over every visual
+    token at every step)."""
+    d, hd, heads, kv = m["hidden"], m["head_dim"], m["heads"], m["kv_heads"]
+    layer = d * heads * hd * 2 + d * kv * hd * 2 + 2 * heads * hd * context + 3 * d * m["intermediate"]
+    base = m["layers"] * layer + d * m["vocab"]
+    pvm_heads = p // hd
+    pvm_kv = max(1, pvm_heads // max(1, heads // kv))
+    mlp = int(p * m["intermediate"] / d)
+    once = d * p + p * p * 2 + 2 * pvm_heads * hd * visual + 3 * p * mlp + p * d  # per block
+    visual_side = visual * (d * p + 2 * p * pvm_kv * hd)  # vision reducer, k / v projections: per block
+    return {"base": 2 * base, "pvm_once": 2 * blocks * once, "pvm_every_step": 2 * blocks * (once + visual_side)}
 
 
 @torch.inference_mode()
@@ -114,7 +132,9 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
                      "lm_head_ms": head_s * 1e3, "layer_ms": layer_s * 1e3,
                      "projected_36_layers_overhead_once": (med["pvm_once"] - med["base"]) / full,
                      "projected_36_layers_overhead_every_step": (med["pvm_every_step"] - med["base"]) / full})
+    flops = decode_flops(shape, visual, visual + 16, model.pvm[str(pvm_layers[0])].pvm_hidden_size, len(pvm_layers))
     result = {"benchmark": "pvm-decode", "target_overhead": 0.05, "shape": shape, "layers": layers,
+              "flops_per_token_full_depth": flops,
               "pvm_layers": pvm_layers, "pvm_hidden_size": model.pvm[str(pvm_layers[0])].pvm_hidden_size,
               "new_tokens": new_tokens, "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
     print(f"Qwen3-VL-shaped text model (width {shape['hidden']}, {layers} layers, vocabulary {shape['vocab']:,}), "
@@ -126,6 +146,10 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         print(f"{r['batch']:5d} {r['base_ms']:9.1f} {r['pvm_once_ms']:9.1f} {r['overhead_once']:+9.1%} "
               f"{r['pvm_every_step_ms']:11.1f} {r['overhead_every_step']:+9.1%} "
               f"{r['projected_36_layers_overhead_once']:+16.1%} {r['projected_36_layers_overhead_every_step']:+11.1%}")
+    print(f"FLOPs per decoded token and row at the full depth ({shape['layers']} layers, {visual} visual tokens): "
+          f"base {flops['base'] / 1e9:.2f} G, PVM once +{flops['pvm_once'] / 1e6:.1f} M "
+          f"({flops['pvm_once'] / flops['base']:+.2%}), every step +{flops['pvm_every_step'] / 1e9:.2f} G "
+          f"({flops['pvm_every_step'] / flops['base']:+.1%})")
     print("target: PVM projected once <= 5% over the base at every batch; the two PVM arms chose the same tokens: "
           + ", ".join(f"batch {r['batch']} {'yes' if r['same_tokens'] else 'NO'}" for r in rows))
     write_result(out, "pvm_decode", result)
