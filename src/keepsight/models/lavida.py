@@ -68,8 +68,16 @@ from .llada import LladaConfig, llada_config_from_olmo, register_llada
 from .llada_official import CHAT_TEMPLATE, LLADA_MASK_ID, _tokenizer, drop_after_image
 
 POOL_MODES = ("bilinear", "average", "max")
-# the stage-2 script's pinpoints (scripts/train/exps/cluster/llada-hd-llada-s2.sh), as (height, width)
-RELEASE_PINPOINTS = [[384, 768], [768, 384], [768, 768], [1152, 384], [384, 1152]]
+# the stage-2 script's pinpoints (scripts/train/exps/cluster/llada-hd-llada-s2.sh): the release reads each pair as
+# (width, height) (its select_best_resolution and get_anyres_image_grid_shape), transformers as (height, width)
+RELEASE_PINPOINTS = [[384, 768], [768, 384], [768, 768], [1152, 384], [384, 1152]]  # as released: (width, height)
+
+
+def hf_pinpoints(released) -> list[list[int]]:
+    """Released (width, height) pinpoints as transformers' (height, width) ones (and back: the swap is its own
+    inverse). Mirror-image pinpoints tie for small images, and the first in the list wins: read unswapped, a
+    384 x 384 image would be cut side by side instead of stacked (other crops, other features)."""
+    return [[int(p[1]), int(p[0])] for p in released]
 # SigLIP so400m-patch14-384 with its last layer removed and no head (siglip_encoder.py: load_model)
 SO400M_KEPT = {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16, "patch_size": 14,
                "image_size": 384, "vision_use_head": False}
@@ -206,10 +214,12 @@ def register_lavida() -> None:
 
 
 def lavida_image_processor(image_size: int = 384, pinpoints=None) -> LlavaOnevisionImageProcessorPil:
-    """The release's views (``process_anyres_image`` + SigLIP's processor): pinpoints, square views of
+    """The release's views (``process_anyres_image`` + SigLIP's processor): ``pinpoints`` in transformers' (height,
+    width) order (default: the release's, swapped), square views of
     ``image_size``, bicubic, mean = std = 0.5."""
     return LlavaOnevisionImageProcessorPil(
-        size={"height": image_size, "width": image_size}, image_grid_pinpoints=pinpoints or RELEASE_PINPOINTS,
+        size={"height": image_size, "width": image_size},
+        image_grid_pinpoints=pinpoints or hf_pinpoints(RELEASE_PINPOINTS),
         image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3)
 
 
@@ -274,7 +284,7 @@ def release_config(raw: dict, directory: str | Path) -> LavidaConfig:
     return LavidaConfig(
         vision_config=SiglipVisionConfig(**vision).to_dict(), text_config=text.to_dict(), image_token_index=image_id,
         video_token_index=image_id, vision_feature_select_strategy="full", vision_feature_layer=-1,
-        image_grid_pinpoints=[list(p) for p in pinpoints], vision_aspect_ratio=NO_SHRINK,
+        image_grid_pinpoints=hf_pinpoints(pinpoints), vision_aspect_ratio=NO_SHRINK,
         spatial_pool_mode=pool, spatial_pool_stride=int(raw.get("mm_spatial_pool_stride") or 2),
         tie_word_embeddings=False)
 

@@ -37,6 +37,7 @@ from ..models.lavida import (
     LavidaConfig,
     LavidaForConditionalGeneration,
     LavidaProcessor,
+    hf_pinpoints,
     lavida_image_processor,
 )
 from ..models.llada_official import CHAT_TEMPLATE as LLADA_V_TEMPLATE
@@ -406,8 +407,9 @@ def official_lavida_files(model, tokenizer, out: Path) -> None:
            "bos_token_id": text.bos_token_id, "mm_vision_tower": OFFICIAL_TOWER_DIR,
            "mm_hidden_size": vision.hidden_size, "mm_projector_type": "mlp2x_gelu", "mm_vision_select_layer": -2,
            "mm_vision_select_feature": "patch", "mm_patch_merge_type": "spatial_unpad", "image_aspect_ratio": "anyres",
-           "image_grid_pinpoints": cfg.image_grid_pinpoints, "mm_spatial_pool_mode": cfg.spatial_pool_mode,
-           "mm_newline_position": "grid", "use_mm_proj": True, "mm_use_im_start_end": False}
+           "image_grid_pinpoints": hf_pinpoints(cfg.image_grid_pinpoints),  # the release's (width, height)
+           "mm_spatial_pool_mode": cfg.spatial_pool_mode, "mm_newline_position": "grid", "use_mm_proj": True,
+           "mm_use_im_start_end": False, "mm_use_im_patch_token": False}
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     tokenizer.save_pretrained(out)
     tower = out / OFFICIAL_TOWER_DIR
