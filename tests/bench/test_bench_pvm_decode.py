@@ -8,7 +8,7 @@ TINY = {"layers": 36, "hidden": 128, "intermediate": 384, "heads": 4, "kv_heads"
 
 
 def test_pvm_decode_bench_runs_and_its_pvm_arms_agree(tmp_path):
-    result = run(tmp_path, batches=(1, 2), new_tokens=3, repeats=1, visual=24, layers=4, shape=TINY)
+    result = run(tmp_path, batches=(1, 2), new_tokens=3, repeats=1, shape=TINY, visual=24, layers=4)
     assert (tmp_path / "pvm_decode.json").is_file() and result["pvm_layers"] == [1, 2, 3]
     for row in result["rows"]:
         assert row["same_tokens"] is True

@@ -1,11 +1,12 @@
-"""``keepsight bench pvm-decode``: what PVM's released block costs per decoded token on a Qwen3-VL-8B-shaped model
-(its full text width, 4 decoder layers instead of 36, the real vocabulary, about 1,000 visual tokens), at batch 1, 4
-and 8, three ways: the base; PVM with the visual memory projected once per request (keepsight); PVM recomputing the
-reducer and k / v projections over every visual token at every step (the released code's way). One prefill per
-batch size; each timing is a run of cached decode steps from the same cache (cropped back), arms interleaved, the
-medians of the repeats reported. The overhead is measured on the 4-layer model, and projected to the 36 layers of
-the real model from the measured per-layer and LM-head times (PVM keeps its 3 blocks). FLOPs per decoded token at the
-full depth are counted from the shapes (``decode_flops``)."""
+"""``keepsight bench pvm-decode``: what PVM's released block costs per decoded token, at batch 1, 4 and 8, three ways:
+the base; PVM with the visual memory projected once per request (keepsight); PVM recomputing the reducer and k / v
+projections over every visual token at every step (the released code's way). Shapes (``--shape``): ``mid`` (the
+default: a Qwen3-VL-shaped text model of width 512 and 12 layers, 256 visual tokens, built at full depth) and
+``qwen3-vl-8b`` (Qwen3-VL-8B's full width and vocabulary, 1,024 visual tokens, 4 layers built and the overhead
+projected to its 36 from the measured per-layer and LM-head times; about an hour on 2 CPU cores). One prefill per
+batch size; each timing is a run of cached decode steps from the same cache (cropped back), the three arms
+interleaved in every repeat, the medians of the repeats reported. FLOPs per decoded token at Qwen3-VL-8B's full depth
+are counted from the shapes (``decode_flops``) whatever shape is timed."""
 
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ from pathlib import Path
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+from ..metrics.stats import median_ci
 from ..pvm import PVMConfig, attach_pvm, pvm_disabled
 from . import write_result
 
 # Qwen3-VL-8B's text model (config.json of Qwen/Qwen3-VL-8B-Instruct); the released PVM: 3 blocks, p = 512
 Q3VL_8B = {"layers": 36, "hidden": 4096, "intermediate": 12288, "heads": 32, "kv_heads": 8, "head_dim": 128,
            "vocab": 151936}
+# a mid-size Qwen3-VL-shaped text model: the LM head's share of a token's FLOPs about the 8B's (a small vocabulary)
+MID = {"layers": 12, "hidden": 512, "intermediate": 1536, "heads": 8, "kv_heads": 4, "head_dim": 64, "vocab": 4096}
+SHAPES = {"mid": (MID, 12, 256), "qwen3-vl-8b": (Q3VL_8B, 4, 1024)}  # name -> (shape, layers built, visual tokens)
 IMAGE_TOKEN = 7  # any id: the visual positions carry its embedding (no vision tower runs)
 
 
@@ -79,9 +84,16 @@ def decode_flops(m: dict = Q3VL_8B, visual: int = 1024, context: int = 1040, p: 
 
 
 @torch.inference_mode()
-def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX_NEW_TOKENS, repeats: int = 5,
-        visual: int = 1024, layers: int = 4, shape: dict = Q3VL_8B) -> dict:
+def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX_NEW_TOKENS, repeats: int = 15,
+        shape: str | dict = "mid", visual: int | None = None, layers: int | None = None) -> dict:
     batches = (batches,) if isinstance(batches, int) else tuple(batches)
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"shape {shape!r}: choose from {sorted(SHAPES)}")
+        name, (shape, depth, visual_default) = shape, SHAPES[shape]
+    else:
+        name, depth, visual_default = "custom", 4, 1024
+    layers, visual = layers or depth, visual or visual_default
     if new_tokens < 2:
         raise ValueError(f"--new-tokens {new_tokens}: give at least 2 decode steps to time")
     if new_tokens > MAX_NEW_TOKENS:
@@ -103,7 +115,7 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         ids = torch.cat([text[:, :4], torch.full((batch, visual), IMAGE_TOKEN), text[:, 4:]], 1)
         mask = torch.ones_like(ids)
         t0 = time.perf_counter()
-        prefill = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        prefill = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
         prefill_s = time.perf_counter() - t0
         cache, prefix = prefill.past_key_values, ids.shape[1]
         first = prefill.logits[:, -1:].argmax(-1)
@@ -122,31 +134,46 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         h = torch.randn(batch, 1, shape["hidden"])
         head_s = statistics.median(_time(lambda h=h: model.lm_head(h)) for _ in range(repeats))
         med = {k: statistics.median(v) for k, v in times.items()}
+        # each repeat runs the three arms back to back: its ratios share the machine's state of that moment
+        paired = {arm: median_ci([t / b - 1 for b, t in zip(times["base"], times[arm])])
+                  for arm in ("pvm_once", "pvm_every_step")}
         layer_s = (med["base"] - head_s) / layers
         full = head_s + shape["layers"] * layer_s  # the base step at the real depth
         rows.append({"batch": batch, "visual_tokens": visual, "prefill_s": prefill_s, "same_tokens": same,
                      "first_step_with_projection_s": once_s,
                      **{f"{k}_ms": v * 1e3 for k, v in med.items()},
-                     "overhead_once": med["pvm_once"] / med["base"] - 1,
-                     "overhead_every_step": med["pvm_every_step"] / med["base"] - 1,
+                     "overhead_once": paired["pvm_once"]["median"],
+                     "overhead_once_interval": [paired["pvm_once"]["low"], paired["pvm_once"]["high"]],
+                     "overhead_every_step": paired["pvm_every_step"]["median"],
+                     "overhead_every_step_interval": [paired["pvm_every_step"]["low"],
+                                                      paired["pvm_every_step"]["high"]],
                      "lm_head_ms": head_s * 1e3, "layer_ms": layer_s * 1e3,
                      "projected_36_layers_overhead_once": (med["pvm_once"] - med["base"]) / full,
                      "projected_36_layers_overhead_every_step": (med["pvm_every_step"] - med["base"]) / full})
-    flops = decode_flops(shape, visual, visual + 16, model.pvm[str(pvm_layers[0])].pvm_hidden_size, len(pvm_layers))
-    result = {"benchmark": "pvm-decode", "target_overhead": 0.05, "shape": shape, "layers": layers,
-              "flops_per_token_full_depth": flops,
+    flops = decode_flops(Q3VL_8B, 1024, 1024 + 16, 512, 3)  # Qwen3-VL-8B's, as released (p = 512, 3 blocks)
+    result = {"benchmark": "pvm-decode", "target_overhead": 0.05, "shape_name": name, "shape": shape,
+              "layers": layers, "visual_tokens": visual, "flops_per_token_qwen3_vl_8b": flops,
               "pvm_layers": pvm_layers, "pvm_hidden_size": model.pvm[str(pvm_layers[0])].pvm_hidden_size,
               "new_tokens": new_tokens, "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
-    print(f"Qwen3-VL-shaped text model (width {shape['hidden']}, {layers} layers, vocabulary {shape['vocab']:,}), "
-          f"{visual} visual tokens, "
-          f"released PVM blocks on layers {pvm_layers}; ms per cached decode step, median of {repeats}")
-    print(f"{'batch':>5s} {'base':>9s} {'PVM once':>9s} {'overhead':>9s} {'every step':>11s} {'overhead':>9s} "
-          f"{str(shape['layers']) + ' layers: once':>16s} {'every step':>11s}")
+    print(f"{name}: Qwen3-VL-shaped text model (width {shape['hidden']}, {layers} layers, vocabulary "
+          f"{shape['vocab']:,}), {visual} visual tokens, released PVM blocks on layers {pvm_layers}; ms per cached "
+          f"decode step (median of {repeats}); overhead: the median over the {repeats} repeats of each repeat's ratio "
+          "to the base (the arms interleaved), with its order-statistic 95% interval")
+    print(f"{'batch':>5s} {'base':>7s} {'PVM once':>9s} {'overhead [95% interval]':>27s} {'every step':>11s} "
+          f"{'overhead [95% interval]':>27s}" + (f" {str(shape['layers']) + ' layers: once':>16s} {'every step':>11s}"
+                                                 if layers < shape["layers"] else ""))
+
+    def pct(value, interval) -> str:
+        spread = "n/a" if interval[0] is None else f"{interval[0]:+.1%}, {interval[1]:+.1%}"
+        return f"{value:+.1%} [{spread}]"
+
     for r in rows:
-        print(f"{r['batch']:5d} {r['base_ms']:9.1f} {r['pvm_once_ms']:9.1f} {r['overhead_once']:+9.1%} "
-              f"{r['pvm_every_step_ms']:11.1f} {r['overhead_every_step']:+9.1%} "
-              f"{r['projected_36_layers_overhead_once']:+16.1%} {r['projected_36_layers_overhead_every_step']:+11.1%}")
-    print(f"FLOPs per decoded token and row at the full depth ({shape['layers']} layers, {visual} visual tokens): "
+        print(f"{r['batch']:5d} {r['base_ms']:7.1f} {r['pvm_once_ms']:9.1f} "
+              f"{pct(r['overhead_once'], r['overhead_once_interval']):>27s} {r['pvm_every_step_ms']:11.1f} "
+              f"{pct(r['overhead_every_step'], r['overhead_every_step_interval']):>27s}"
+              + (f" {r['projected_36_layers_overhead_once']:+16.1%} {r['projected_36_layers_overhead_every_step']:+11.1%}"
+                 if layers < shape["layers"] else ""))
+    print("FLOPs per decoded token and row at Qwen3-VL-8B (36 layers, 1,024 visual tokens, p 512, 3 blocks): "
           f"base {flops['base'] / 1e9:.2f} G, PVM once +{flops['pvm_once'] / 1e6:.1f} M "
           f"({flops['pvm_once'] / flops['base']:+.2%}), every step +{flops['pvm_every_step'] / 1e9:.2f} G "
           f"({flops['pvm_every_step'] / flops['base']:+.1%})")

@@ -15,7 +15,8 @@ KIND = "bench"
 # a benchmark does not take is refused
 BENCHMARKS = {
     "probe-overhead": (probe_overhead.run, {"batch": "batch", "new_tokens": "new_tokens", "repeats": "repeats"}),
-    "pvm-decode": (pvm_decode.run, {"batch": "batches", "new_tokens": "new_tokens", "repeats": "repeats"}),
+    "pvm-decode": (pvm_decode.run, {"batch": "batches", "new_tokens": "new_tokens", "repeats": "repeats",
+                                    "shape": "shape"}),
     "bridge-memory": (bridge_memory.run, {"mem_limit_gib": "mem_limit_gib"}),
     "needle": (needle.run, {}),
     "needle-model": (needle.run_model, {}),
@@ -24,7 +25,7 @@ BENCHMARKS = {
     "data": (data.run, {"rows": "rows", "batch": "batch"}),
     "baselines": (baselines.run, {"batch": "batch", "new_tokens": "new_tokens", "repeats": "pairs"}),
 }
-OPTIONS = ("batch", "new_tokens", "repeats", "rows", "mem_limit_gib")
+OPTIONS = ("batch", "new_tokens", "repeats", "rows", "mem_limit_gib", "shape")
 
 
 def defaults(option: str) -> str:
@@ -33,7 +34,8 @@ def defaults(option: str) -> str:
     for name, (fn, takes) in BENCHMARKS.items():
         if option in takes:
             default = inspect.signature(fn).parameters[takes[option]].default
-            shown = ", ".join(map(str, default)) if isinstance(default, tuple) else f"{default:,}"
+            shown = (", ".join(map(str, default)) if isinstance(default, tuple) else default
+                     if isinstance(default, str) else f"{default:,}")
             parts.append(f"{name} {shown}")
     return "default: " + "; ".join(parts)
 
@@ -48,6 +50,9 @@ def add_parser(sub) -> None:
     bn.add_argument("--repeats", type=bounded_int(1, 1000), help=f"interleaved runs or pairs; {defaults('repeats')}")
     bn.add_argument("--rows", type=bounded_int(1, 10_000_000), help=f"data: rows of the synthetic LLaVA JSON; "
                     f"{defaults('rows')}")
+    bn.add_argument("--shape", choices=sorted(pvm_decode.SHAPES), help="pvm-decode: the model timed (mid: width "
+                    "512, 12 layers, 256 visual tokens; qwen3-vl-8b: its width and vocabulary, 4 of its layers, "
+                    f"1,024 visual tokens, about an hour on 2 cores); {defaults('shape')}")
     bn.add_argument("--mem-limit-gib", type=positive_float, help="bridge-memory: skip configurations predicted to "
                     f"need more; {defaults('mem_limit_gib')}")
     bn.set_defaults(func=run)

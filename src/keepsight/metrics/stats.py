@@ -1,5 +1,6 @@
 """Spread of a measurement (standard library only): binomial intervals for a rate on a test set, t intervals
-for a mean over seeds, and a paired bootstrap for the difference of two conditions on the same items."""
+for a mean over seeds, order-statistic intervals for a median of timing repeats, and a paired bootstrap for the
+difference of two conditions on the same items."""
 
 from __future__ import annotations
 
@@ -29,6 +30,27 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     # the interval always holds p; min / max keep that exact where rounding does not (p = 1: 0.9999999999999999)
     return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> dict:
+    """Median of ``values`` (independent repeats) with a distribution-free interval from order statistics: the
+    ``k``-th smallest and largest values, ``k`` the largest with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``, so it
+    covers the population median with at least ``level``: ``{"median", "low", "high", "n", "coverage"}`` (low / high
+    None when ``n`` is too small for ``level``: 6 values at 95%)."""
+    vals = sorted(float(v) for v in values)
+    n = len(vals)
+    if n == 0:
+        return {"median": None, "low": None, "high": None, "n": 0, "coverage": None}
+    tail, k = 0.0, 0
+    while True:  # tail = P(X <= k) for X ~ Binomial(n, 1/2)
+        nxt = tail + math.comb(n, k) / 2**n
+        if nxt > (1 - level) / 2:
+            break
+        tail, k = nxt, k + 1
+    if k == 0:
+        return {"median": statistics.median(vals), "low": None, "high": None, "n": n, "coverage": None}
+    return {"median": statistics.median(vals), "low": vals[k - 1], "high": vals[n - k], "n": n,
+            "coverage": 1 - 2 * tail}
 
 
 def mean_ci(values: Sequence[float]) -> dict:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..models.arch import arch_info, check_method, starts_sequence
-from .block import PVMMemoryBlock
+from .block import PVMMemoryBlock, visual_masks
 from .config import PVMConfig
 from .module import PVMBranch
 
@@ -38,6 +38,7 @@ class Memory:
     visual: torch.Tensor  # [B, M, d] visual embeddings (padded per row)
     visual_mask: torch.Tensor  # [B, M] bool
     projected: dict = field(default_factory=dict)  # layer key -> block.project_visual(visual), inference only
+    masks: dict = field(default_factory=dict)  # dtype -> visual_masks(visual_mask, dtype), inference only
 
 
 @dataclass
@@ -279,12 +280,19 @@ def _make_ffn_hook(model, key: str):
                                    "tokens")
             text_mask = text_mask[:, -query.shape[1]:]  # a KV-shared layer's positions: the last ones
         block = model.pvm[key]
-        projected = None
+        projected, extra_kwargs = None, {}
         if st.config.cache_visual and not torch.is_grad_enabled():  # inference: the visual side once per sequence
             projected = mem.projected.get(key)
             if projected is None:
                 projected = mem.projected[key] = block.project_visual(mem.visual)
-        extra, weights = block(query, mem.visual, mem.visual_mask, text_mask, projected, return_weights=True)
+            if isinstance(block, PVMMemoryBlock):  # its mask-derived bias and rows, once per request and dtype
+                dtype = block.text_reducer.weight.dtype
+                masks = mem.masks.get(dtype)
+                if masks is None:
+                    masks = mem.masks[dtype] = visual_masks(mem.visual_mask, dtype)
+                extra_kwargs["masks"] = masks
+        extra, weights = block(query, mem.visual, mem.visual_mask, text_mask, projected, return_weights=True,
+                               **extra_kwargs)
         if st.record_norms:
             sel = text_mask.bool()
             pv, ff = st.norms.get(key, (0.0, 0.0))
