@@ -161,3 +161,23 @@ def test_a_wilson_interval_holds_its_rate_at_the_ends():
             low, high = wilson(k, n)
             assert 0.0 <= low <= k / n <= high <= 1.0
     assert wilson(320, 320)[1] == 1.0 and wilson(0, 320)[0] == 0.0  # exact at the ends (rounding once gave 1 - 1e-16)
+
+
+def test_median_ci_is_the_order_statistic_interval():
+    """The textbook order-statistic intervals for a median (n = 9: the 2nd and 8th values, 96.1%; n = 15: the 4th and
+    12th, 96.5%); too few values for 95% give no interval; the coverage is at least the level for every n."""
+    import math
+
+    from keepsight.metrics.stats import median_ci
+
+    nine = median_ci([9, 1, 8, 2, 7, 3, 6, 4, 5])
+    assert (nine["median"], nine["low"], nine["high"]) == (5, 2, 8) and abs(nine["coverage"] - 0.9609375) < 1e-12
+    fifteen = median_ci(range(1, 16))
+    assert (fifteen["low"], fifteen["high"]) == (4, 12) and abs(fifteen["coverage"] - 0.96484375) < 1e-12
+    assert median_ci([1, 2, 3, 4, 5])["low"] is None and median_ci([])["median"] is None
+    for n in range(6, 60):
+        c = median_ci(range(n))
+        k = c["low"] + 1  # the k-th smallest value
+        assert c["coverage"] >= 0.95 and c["high"] == n - k
+        widened_tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n  # one step tighter would fall below 95%
+        assert 1 - 2 * widened_tail < 0.95
