@@ -177,7 +177,7 @@ def test_median_ci_is_the_order_statistic_interval():
     assert median_ci([1, 2, 3, 4, 5])["low"] is None and median_ci([])["median"] is None
     for n in range(6, 60):
         c = median_ci(range(n))
-        k = c["low"] + 1  # the k-th smallest value
+        k = int(c["low"]) + 1  # the k-th smallest value
         assert c["coverage"] >= 0.95 and c["high"] == n - k
         widened_tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n  # one step tighter would fall below 95%
         assert 1 - 2 * widened_tail < 0.95
