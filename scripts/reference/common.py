@@ -36,10 +36,14 @@ def read_source(repo, rel: str) -> bytes:
 
 
 def ensure_venv(venv, pins) -> Path:
-    """The python of the reference's own venv at ``venv``, created with ``pins`` from the package index on first
-    use (never keepsight's)."""
-    python = Path(venv) / "bin" / "python"
+    """The python of the reference's own venv at ``venv`` (never keepsight's), created on first use; ``pins`` are
+    installed from the package index unless the venv's record (``keepsight-pins.txt``) already holds them all, so
+    two scripts sharing a venv each get what they pin."""
+    python, record = Path(venv) / "bin" / "python", Path(venv) / "keepsight-pins.txt"
     if not python.is_file():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    have = set(record.read_text().split()) if record.is_file() else set()
+    if not set(pins) <= have:
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True)
+        record.write_text("\n".join(sorted(have | set(pins))) + "\n")
     return python

@@ -176,13 +176,6 @@ def extract(repo: Path, src: Path) -> None:
         (src / rel).write_text(text.replace(old, new))
 
 
-def reference_python() -> Path:
-    python = ensure_venv(VENV, PINS)
-    if subprocess.run([str(python), "-c", "import PIL"], capture_output=True).returncode:  # a venv made before
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PINS], check=True)
-    return python
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lavida", required=True, help="a checkout or bare clone of github.com/jacklishufan/LaViDa")
@@ -196,7 +189,7 @@ def main() -> None:
         extract(Path(args.lavida), work / "src")
         meta = setup(work)
         meta["reference_commits"] = {"LaViDa": git_commit(args.lavida) or args.lavida_commit}
-        python = reference_python()
+        python = ensure_venv(VENV, PINS)
         env = {**os.environ, "OMP_NUM_THREADS": str(meta["torch_threads"]), "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1"}
         for key in ("NOT_ALWASY_DO_2DPOOL", "DEBUG_FIX_PADDING", "USE_FLEX_ATTENTION"):  # the release's defaults
