@@ -34,6 +34,7 @@ from transformers import (
 from ..atomic import atomic_save_dir
 from ..models import LladaConfig, LladaForMaskedDiffusion, QwenImageProcessor, register_model_types
 from ..models.lavida import (
+    NO_SHRINK,
     LavidaConfig,
     LavidaForConditionalGeneration,
     LavidaProcessor,
@@ -294,6 +295,19 @@ def llada_style_tokenizer():
     return tok
 
 
+def _renamed(state: dict, rules) -> dict:
+    """``state`` (contiguous copies) under a release's names: the first ``(pattern, replacement)`` of ``rules`` that
+    matches a key renames it."""
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key)
+                break
+        out[key] = value.contiguous().clone()
+    return out
+
+
 def official_llada_v_files(model, tokenizer, images, out: Path) -> None:
     """Write ``model`` (a LLaDA-V-style LLaVA with a SigLIP tower) as the official LLaDA-V release lays a directory
     out: ``config.json`` of model_type ``llava_llada`` (LLaMA fields + ``mm_*``), weights with the LLaVA
@@ -304,13 +318,7 @@ def official_llada_v_files(model, tokenizer, images, out: Path) -> None:
     rename = ((r"^model\.language_model\.", "model."), (r"^model\.multi_modal_projector\.linear_1\.", "model.mm_projector.0."),
               (r"^model\.multi_modal_projector\.linear_2\.", "model.mm_projector.2."),
               (r"^model\.vision_tower\.", "model.vision_tower.vision_tower."))
-    state = {}
-    for key, value in model.state_dict().items():
-        for pattern, repl in rename:
-            if re.match(pattern, key):
-                key = re.sub(pattern, repl, key)
-                break
-        state[key] = value.contiguous().clone()
+    state = _renamed(model.state_dict(), rename)
     state["model.image_newline"] = torch.zeros(text.hidden_size)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -350,7 +358,7 @@ def build_lavida(seed: int = 0, preset: str | TinyPreset = "tiny-llava"):
     cfg = LavidaConfig(vision_config=vision.to_dict(), text_config=llada_text_config(tok, p).to_dict(),
                        image_token_index=tok.convert_tokens_to_ids(IMAGE), video_token_index=tok.convert_tokens_to_ids(IMAGE),
                        vision_feature_select_strategy="full", vision_feature_layer=-1,
-                       image_grid_pinpoints=LAVIDA_TINY_PINPOINTS, vision_aspect_ratio="anyres_max_1000000",
+                       image_grid_pinpoints=LAVIDA_TINY_PINPOINTS, vision_aspect_ratio=NO_SHRINK,
                        tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = LavidaForConditionalGeneration(cfg).eval()
@@ -387,13 +395,7 @@ def official_lavida_files(model, tokenizer, out: Path) -> None:
     ``mm_vision_tower`` names, one layer deeper than the weights (the release deletes the tower's last layer)."""
     cfg = model.config
     text, vision = cfg.text_config, cfg.vision_config
-    state = {}
-    for key, value in model.state_dict().items():
-        for pattern, repl in _LAVIDA_RELEASE_NAMES:
-            if re.match(pattern, key):
-                key = re.sub(pattern, repl, key)
-                break
-        state[key] = value.contiguous().clone()
+    state = _renamed(model.state_dict(), _LAVIDA_RELEASE_NAMES)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = {"model_type": "llava_llada", "architectures": ["LlavaLladaForMaskedDiffusion"], "d_model": text.hidden_size,
