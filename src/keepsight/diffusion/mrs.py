@@ -237,18 +237,16 @@ class FlashPathSpans:
 
     def scales(self, ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
         """``[B, T]``: each column's factor on cos and sin."""
-        B, T = ids.shape
-        out = torch.ones(B, T, dtype=torch.float32, device=ids.device)
-        for b in range(B):
-            where = (ids[b] == image_token_id).nonzero().flatten()
-            if where.numel() == 0:
-                continue
-            start, end = int(where[0]), int(where[-1]) + 1
-            out[b, start:end] = self.vision_scale
-            gen = min(self.span, T - end)
-            if gen:
-                out[b, T - gen:] = self.gen_scale
-        return out
+        T = ids.shape[1]
+        image = (ids == image_token_id).int()  # [B, T]
+        has = image.any(1, keepdim=True)  # [B, 1]
+        start = image.argmax(1, keepdim=True)  # first image column
+        end = T - image.flip(1).argmax(1, keepdim=True)  # one past the last
+        col = torch.arange(T, device=ids.device)[None]  # [1, T]
+        gen = (col >= T - (T - end).clamp(max=self.span)) & (col >= end)  # the last min(span, T - end) columns
+        out = torch.ones(ids.shape, dtype=torch.float32, device=ids.device)
+        out = out.masked_fill(has & (col >= start) & (col < end), self.vision_scale)
+        return out.masked_fill(has & gen, self.gen_scale)
 
     @contextmanager
     def apply(self, model: torch.nn.Module, image_token_id: int | None = None):
