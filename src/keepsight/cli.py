@@ -7,10 +7,13 @@ import os
 import signal
 import sys
 
+import torch
 from safetensors import SafetensorError
 
 from .atomic import release_outputs
 from .commands import GROUPS
+from .commands.options import threads
+from .determinism import busy_note, resolve_threads
 from .train.distributed import is_main_process, launch_options
 
 
@@ -20,8 +23,43 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add_parser(sub)
+    _threads_everywhere(p)
     _once(p)
     return p
+
+
+def _threads_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every command that has no ``--threads`` of its own (the demo and ``world train`` have one, fixed at the
+    published results' count) ``--threads N | auto``, default auto: the cores free when it starts."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for child in set(action.choices.values()):
+            _threads_everywhere(child)
+    if not subs and parser.get_default("func") is not None and "--threads" not in parser._option_string_actions:
+        parser.add_argument("--threads", type=threads, default="auto", help="intra-op threads, or auto (default): the "
+                            "cores no other process keeps busy when the command starts, at least 1 (results then "
+                            "depend on the count chosen; give a number to pin it)")
+
+
+class _threads:
+    """The command's intra-op thread count for its duration (``--threads``, auto resolved), with a warning on stderr
+    when other processes keep busy some of the cores it would use; torch's previous count comes back on exit."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def __enter__(self):
+        self._saved = torch.get_num_threads()
+        if getattr(self.args, "threads", None) is None:
+            return
+        self.args.threads = resolve_threads(self.args.threads)
+        torch.set_num_threads(self.args.threads)
+        note = busy_note(self.args.threads)
+        if note:
+            print(f"keepsight: warning: {note}", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self._saved)
 
 
 # actions that take one value (or a flag): given twice, argparse would keep the last without a word
@@ -69,12 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError):  # not the main thread (e.g. called from a test harness thread)
             pass
     try:
-        if getattr(args, "precision", None) is not None:  # a training command
-            if not is_main_process():  # under `accelerate launch`, one process prints the summaries
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-            with launch_options(args.precision, args.device):
-                return args.func(args)
-        return args.func(args)
+        with _threads(args):
+            if getattr(args, "precision", None) is not None:  # a training command
+                if not is_main_process():  # under `accelerate launch`, one process prints the summaries
+                    sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+                with launch_options(args.precision, args.device):
+                    return args.func(args)
+            return args.func(args)
     except (ValueError, OSError, RuntimeError, SafetensorError) as e:  # FileNotFoundError, a full disk: OSErrors
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"keepsight: error: {message}", file=sys.stderr)

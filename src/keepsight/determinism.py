@@ -15,6 +15,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -84,6 +85,65 @@ def configure(threads: int = DEFAULT_THREADS) -> dict:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     return environment()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count where the OS does not say)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def free_cores(samples: int = 3, interval: float = 0.002) -> int:
+    """The cores this process may use (its CPU affinity) that no other process keeps busy right now: the affinity's
+    size minus the runnable threads of other processes (``/proc/loadavg``'s running count less this process's own
+    running threads), the most of ``samples`` reads ``interval`` seconds apart (a passing blip does not count); the
+    affinity's size where ``/proc`` does not say."""
+    cores = usable_cores()
+    best = None
+    for i in range(samples):
+        if i:
+            time.sleep(interval)
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            ours = 0
+            for task in Path("/proc/self/task").iterdir():
+                try:  # "pid (comm) S ...": the state follows the last ")"
+                    ours += (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+                except (OSError, IndexError):
+                    pass
+        except (OSError, ValueError, IndexError):
+            return cores
+        free = cores - max(running - max(ours, 1), 0)
+        best = free if best is None else max(best, free)
+    return max(min(best, cores), 0)
+
+
+def resolve_threads(threads: int | str) -> int:
+    """An intra-op thread count: ``threads`` itself, or for ``"auto"`` the cores free now (``free_cores``), at least
+    1 and at most torch's own default (the physical cores)."""
+    if threads == "auto":
+        return max(1, min(free_cores(), torch.get_num_threads()))
+    return number("threads", threads, 1, integer=True)
+
+
+def busy_note(threads: int, free: int | None = None) -> str | None:
+    """A warning when ``threads`` exceeds the cores free now (``free_cores``), else None. Each parallel region waits for
+    its slowest thread, and a thread that shares its core with another process runs a fraction of the time: 2 threads
+    beside one busy process train about 3x slower than alone, 1 thread about as fast as alone (README, "A busy
+    machine")."""
+    free = free_cores() if free is None else free
+    cores = usable_cores()
+    if threads <= free:
+        return None
+    if free >= cores:
+        return (f"{threads} intra-op threads on {cores} cores: the threads share the cores, and the run may be several "
+                f"times slower than at --threads {cores}")
+    return (f"{threads} intra-op threads, but {free} of the {cores} cores are free (other processes keep the rest busy): "
+            f"this run may be several times slower than on idle cores; --threads {max(free, 1)} runs near full speed "
+            "beside them (and, where the results are bit-for-bit pinned, trains other bits: README, \"A busy "
+            "machine\")")
 
 
 class configured:

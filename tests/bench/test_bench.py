@@ -57,3 +57,19 @@ def test_baselines_bench_times_every_method(tmp_path):
     res = baselines.run(tmp_path, batch=1, new_tokens=2, pairs=1)
     assert {(r["size"], r["method"]) for r in res["rows"]} == {(s, m) for s in baselines.SIZES for m in baselines.METHODS}
     assert all(r["ratio"] > 0 and r["stats"]["forwards"] > 0 for r in res["rows"])
+
+
+def test_threads_bench_times_each_count_beside_each_neighbour(tmp_path, monkeypatch):
+    from keepsight.bench import threads
+    from keepsight.determinism import usable_cores
+
+    monkeypatch.setattr(threads, "NEIGHBOURS", {"none": None, "python loop": ("python",)})
+    monkeypatch.setattr(threads, "THREADS", ("1", "auto"))
+    res = threads.run(tmp_path, steps=2, repeats=1)
+    rows = {(r["neighbour"], r["threads"]): r for r in res["rows"]}
+    assert set(rows) == {(n, t) for n in ("none", "python loop") for t in ("1", "auto")}
+    assert all(r["steps_per_s"] > 0 and r["threads_used"][0] >= 1 for r in rows.values())
+    assert rows[("none", "1")]["slowdown"] == 1.0 and rows[("python loop", "1")]["threads_used"] == [1]
+    if usable_cores() >= 2:  # auto leaves the neighbour's core alone
+        assert rows[("python loop", "auto")]["threads_used"][0] < rows[("none", "auto")]["threads_used"][0]
+    assert json.loads((tmp_path / "threads.json").read_text())["benchmark"] == "threads"

@@ -6,7 +6,17 @@ import inspect
 import shutil
 
 from ..atomic import MARKER, check_output_dir, mark
-from ..bench import baselines, bridge_memory, data, diffusion, needle, probe_overhead, pvm_decode, scan
+from ..bench import (
+    baselines,
+    bridge_memory,
+    data,
+    diffusion,
+    needle,
+    probe_overhead,
+    pvm_decode,
+    scan,
+    threads,
+)
 from .options import bounded_int, positive_float
 
 KIND = "bench"
@@ -24,6 +34,7 @@ BENCHMARKS = {
     "diffusion": (diffusion.run, {"repeats": "pairs"}),
     "data": (data.run, {"rows": "rows", "batch": "batch"}),
     "baselines": (baselines.run, {"batch": "batch", "new_tokens": "new_tokens", "repeats": "pairs"}),
+    "threads": (threads.run, {"repeats": "repeats"}),
 }
 OPTIONS = ("batch", "new_tokens", "repeats", "rows", "mem_limit_gib", "shape")
 

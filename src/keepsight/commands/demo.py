@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..demo import PROFILES, reproduce, run_demo
 from ..determinism import DEFAULT_THREADS
-from .options import bounded_int, run_name
+from .options import run_name, threads
 
 
 def add_parser(sub) -> None:
@@ -21,9 +21,10 @@ def add_parser(sub) -> None:
     d.add_argument("--runs", default="runs", help="where runs and the model cache live")
     d.add_argument("--name", type=run_name, help="run name (default: the profile); a plain name inside --runs")
     d.add_argument("--retrain", action="store_true", help="ignore the model cache")
-    d.add_argument("--threads", type=bounded_int(1, 1024), default=DEFAULT_THREADS,
+    d.add_argument("--threads", type=threads, default=DEFAULT_THREADS,
                    help=f"intra-op threads for every model (default {DEFAULT_THREADS}, as the published results: "
-                   "results repeat bit for bit with the same code, package versions, CPU kind and thread count)")
+                   "results repeat bit for bit with the same code, package versions, CPU kind and thread count), or "
+                   "auto: the cores free when it starts (on a busy machine 1 thread can be several times faster)")
     d.add_argument("--reproduce", action="store_true", help="run the profile from nothing in a new temporary "
                    "directory (or --runs, new or empty) and compare its results.md with the published one "
                    "(docs/results/<profile>.md), printing every number that moved; exit code 1 if any did")

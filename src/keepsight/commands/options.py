@@ -47,6 +47,16 @@ positive_float = _parsed(float, 0.0, open_low=True)
 nonneg_float = _parsed(float, 0.0)
 
 
+def threads(text: str) -> int | str:
+    """``--threads``: an intra-op thread count in [1, 1024], or ``auto`` (the cores free when the command starts)."""
+    if text == "auto":
+        return text
+    try:
+        return bounded_int(1, 1024)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, 1024] or auto, got {text!r}") from None
+
+
 def run_name(text: str) -> str:
     """A run's name: one path component (letters, digits, ``. _ -``), so that it stays inside ``--runs``."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text or "") or text in (".", ".."):

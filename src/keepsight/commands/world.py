@@ -34,6 +34,7 @@ from .options import (
     positive_float,
     positive_int,
     read_samples,
+    threads,
     training_args,
     world_args,
     world_from_args,
@@ -64,9 +65,10 @@ def add_parser(sub) -> None:
     t.add_argument("--stage", default="all", choices=["all", *STAGES])
     t.add_argument("--steps-scale", type=positive_float, default=1.0, help="multiply every stage's step count")
     t.add_argument("--batch-size", type=positive_int, help="override every stage's batch size")
-    t.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="intra-op threads (default "
-                   f"{DEFAULT_THREADS}; a base repeats bit for bit with the same thread count, package versions and "
-                   "CPU kind, and a base directory is resumed only under the settings it was started with)")
+    t.add_argument("--threads", type=threads, default=DEFAULT_THREADS, help="intra-op threads, or auto (the cores "
+                   f"free when it starts); default {DEFAULT_THREADS}: a base repeats bit for bit with the same thread "
+                   "count, package versions and CPU kind, and a base directory is resumed only under the settings it "
+                   "was started with")
     training_args(t)
     world_args(t)
     t.set_defaults(func=run_train)

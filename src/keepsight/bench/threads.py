@@ -1,0 +1,110 @@
+"""``keepsight bench threads``: training beside other work. The world base's instruct step (the tiny LLaVA, a batch
+of 16 instruct items, forward + backward + AdamW) timed at 1 thread, 2 threads and ``auto`` (the cores free when it
+starts), alone and beside each kind of neighbour: a pure Python loop (one busy thread), a torch matmul loop at 1
+thread, and one at 2 threads (torch's default on 2 cores, as another keepsight command took before ``auto``).
+
+Each timing runs in its own process (a thread count and OpenMP's pool are per process); the neighbour starts before
+it and is killed after. Rows are interleaved over ``repeats`` rounds; each cell is the median steps per second, and
+its slowdown is against the same thread count alone. Why a parallel region collapses: each waits for its slowest
+thread, and a thread that shares its core with another process runs a fraction of each time slice.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import write_result
+
+NEIGHBOURS = {"none": None, "python loop": ("python",), "torch, 1 thread": ("torch", "1"),
+              "torch, 2 threads": ("torch", "2")}
+THREADS = ("1", "2", "auto")
+
+
+def neighbour(kind: str, threads: str = "1") -> None:
+    """Busy forever: a pure Python loop (``python``), or a torch matmul loop at ``threads`` threads (``torch``)."""
+    if kind == "python":
+        while True:
+            pass
+    import torch
+
+    torch.set_num_threads(int(threads))
+    a = torch.randn(256, 256)
+    while True:
+        a = (a @ a).tanh_()
+
+
+def work(threads: str, steps: int) -> None:
+    """Print the steps per second of ``steps`` instruct steps at ``threads`` (after 3 warm-up steps), and the count
+    used."""
+    import torch
+
+    from ..data import VLMCollator
+    from ..determinism import resolve_threads
+    from ..world import generate_scenes, world_config
+    from ..world.models import build_model, preset_processor
+    from ..world.tasks import WorldSamples, instruct_data
+
+    n = resolve_threads(threads if threads == "auto" else int(threads))
+    torch.set_num_threads(n)
+    config = world_config()
+    processor = preset_processor("tiny-llava")
+    data = instruct_data(WorldSamples.from_scenes(config, generate_scenes(config, 8, seed=0)))
+    batch = VLMCollator(processor)([data[i] for i in range(0, len(data), max(1, len(data) // 16))][:16])
+    model = build_model("tiny-llava", processor.tokenizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    print(f"{steps / (time.perf_counter() - t0):.4f} {n}", flush=True)
+
+
+def _timed(threads: str, kind: tuple | None, steps: int) -> tuple[float, int]:
+    code = "from keepsight.bench.threads import {0}; {0}({1})"
+    busy = None
+    if kind is not None:
+        busy = subprocess.Popen([sys.executable, "-c", code.format("neighbour", ", ".join(map(repr, kind)))])
+        time.sleep(1.0)
+    try:
+        out = subprocess.run([sys.executable, "-c", code.format("work", f"{threads!r}, {steps}")], check=True,
+                             capture_output=True, text=True).stdout.split()
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    return float(out[-2]), int(out[-1])
+
+
+def run(out: str | Path = "runs/bench", steps: int = 30, repeats: int = 3) -> dict:
+    rates: dict[tuple[str, str], list[float]] = {}
+    used: dict[tuple[str, str], list[int]] = {}
+    for _ in range(repeats):
+        for name, kind in NEIGHBOURS.items():
+            for t in THREADS:
+                rate, n = _timed(t, kind, steps)
+                rates.setdefault((name, t), []).append(rate)
+                used.setdefault((name, t), []).append(n)
+    rows = []
+    for (name, t), rs in rates.items():
+        alone = statistics.median(rates[("none", t)])
+        rows.append({"neighbour": name, "threads": t, "threads_used": sorted(set(used[(name, t)])),
+                     "steps_per_s": statistics.median(rs), "all": rs,
+                     "slowdown": alone / statistics.median(rs)})
+    print(f"{'neighbour':<18s} {'threads':>7s} {'used':>5s} {'steps/s':>8s} {'slowdown':>9s}")
+    for r in rows:
+        print(f"{r['neighbour']:<18s} {r['threads']:>7s} {'/'.join(map(str, r['threads_used'])):>5s} "
+              f"{r['steps_per_s']:8.2f} {r['slowdown']:8.1f}x")
+    result = {"benchmark": "threads", "steps": steps, "repeats": repeats, "rows": rows}
+    write_result(out, "threads", result)
+    return result
