@@ -51,6 +51,18 @@ def test_diffusion_bench_counts_forwards_of_each_sampler(tmp_path):
     assert 0 < res["extra_flops_share"] < 0.01
 
 
+def test_mps_mrs_bench_gives_each_overhead_an_interval(tmp_path):
+    from keepsight.bench import diffusion
+
+    res = diffusion.run_overhead(tmp_path, steps_grid=(2,), samplers=("plain", "dual"), batch=1, gen_length=8,
+                                 pairs=7, block_length=8)
+    assert [(r["steps"], r["sampler"]) for r in res["rows"]] == [(2, "plain"), (2, "dual")]
+    for r in res["rows"]:
+        assert r["low"] <= r["overhead"] <= r["high"] and r["coverage"] >= 0.95 and r["pairs"] == 7
+        assert r["goal"] == ("met" if r["high"] <= 0.03 else "missed" if r["low"] > 0.03 else "open")
+    assert (tmp_path / "mps_mrs.json").is_file()
+
+
 def test_baselines_bench_times_every_method(tmp_path):
     from keepsight.bench import baselines
 

@@ -22,6 +22,7 @@ import torch
 from ..data import chat_example
 from ..diffusion import generate
 from ..inference import Decoders
+from ..metrics.stats import median_ci
 from ..models import decoder_stack
 from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
@@ -62,9 +63,10 @@ def _median_ratio(a, b, pairs: int) -> tuple[float, float, float]:
     return statistics.median(y / x for x, y in zip(ta, tb)), statistics.median(ta), statistics.median(tb)
 
 
-@torch.inference_mode()
-def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int = 4, gen_length: int = 64,
-        pairs: int = 20, block_length: int = 32) -> dict:
+def _setup(batch: int, gen_length: int, block_length: int):
+    """The timed model (a random LLaDA-V, width 512, 8 layers), a batch of describe prompts, the prompt length, MPS +
+    MRS at the papers' settings (from the method registry), and ``sample(steps, fixes, **sampler)``: one call of the
+    sampler, the two fixes on or off."""
     processor = build_processor()
     preset = replace(PRESETS["tiny-llava"], text_hidden=512, text_layers=8, text_heads=8, text_kv_heads=4,
                      text_intermediate=1536)
@@ -73,9 +75,7 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
     enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
     P = enc["input_ids"].shape[1]
-    # MPS and MRS at the papers' settings (MPSConfig / MRSConfig), from the method registry
     mps_mrs = Decoders([("mps", {}), ("mrs", {})], family="diffusion").prepare(model, processor.tokenizer)
-    mps = mps_mrs.get("mps")
 
     def sample(steps: int, fixes: bool, **kw):
         def go():
@@ -85,6 +85,15 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
             with mps_mrs.applied(model, P):
                 return go()
         return go()
+
+    return model, P, mps_mrs, sample
+
+
+@torch.inference_mode()
+def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int = 4, gen_length: int = 64,
+        pairs: int = 20, block_length: int = 32) -> dict:
+    model, P, mps_mrs, sample = _setup(batch, gen_length, block_length)
+    mps = mps_mrs.get("mps")
 
     sample(2, True)  # warm-up
     rows = []
@@ -122,4 +131,38 @@ def run(out: str | Path = "runs/bench", steps_grid=(8, 16, 32, 64), batch: int =
               "flops_per_forward": fwd, "extra_flops_per_forward": extra,
               "extra_flops_share": (extra["mps"] + extra["mrs"]) / fwd}
     write_result(out, "diffusion", result)
+    return result
+
+
+@torch.inference_mode()
+def run_overhead(out: str | Path = "runs/bench", steps_grid=(8, 32), samplers=("plain", "dual"), batch: int = 4,
+                 gen_length: int = 64, pairs: int = 25, block_length: int = 32) -> dict:
+    """``keepsight bench mps-mrs``: MPS + MRS's time overhead alone, the question the full grid's few pairs leave open.
+    Per (T, sampler), ``pairs`` interleaved calls without and with the two fixes (the order inside a pair alternates);
+    each pair's ratio, and their median with a distribution-free 95% interval (``metrics.stats.median_ci``). The goal
+    (<= 3%) is met where the interval's top is at most 3%, missed where its bottom is above, else open."""
+    _, _, _, sample = _setup(batch, gen_length, block_length)
+    sample(2, True)  # warm-up
+    rows = []
+    for steps in steps_grid:
+        for name in samplers:
+            kw = SAMPLERS[name]
+            off, on = [], []
+            for i in range(pairs):
+                for fixes in ((False, True) if i % 2 == 0 else (True, False)):
+                    (on if fixes else off).append(_timed(lambda f=fixes, s=steps, k=kw: sample(s, f, **k)))
+            ci = median_ci([b / a - 1 for a, b in zip(off, on)])
+            verdict = ("met" if ci["high"] is not None and ci["high"] <= 0.03 else
+                       "missed" if ci["low"] is not None and ci["low"] > 0.03 else "open")
+            rows.append({"steps": steps, "sampler": name, "pairs": pairs, "s_per_answer": statistics.median(off) / batch,
+                         "overhead": ci["median"], "low": ci["low"], "high": ci["high"], "coverage": ci["coverage"],
+                         "goal": verdict})
+    print(f"{'T':>3s} {'sampler':<8s} {'s/answer':>9s} {'MPS+MRS overhead (median, 95% interval)':>40s} {'<= 3%':>7s}")
+    for r in rows:
+        interval = "-" if r["low"] is None else f"[{100 * r['low']:+.1f}%, {100 * r['high']:+.1f}%]"
+        print(f"{r['steps']:>3d} {r['sampler']:<8s} {r['s_per_answer']:>9.3f} {100 * r['overhead']:>+22.1f}% "
+              f"{interval:>17s} {r['goal']:>7s}")
+    result = {"benchmark": "mps-mrs", "batch": batch, "gen_length": gen_length, "block_length": block_length,
+              "threads": torch.get_num_threads(), "target_overhead": 0.03, "rows": rows}
+    write_result(out, "mps_mrs", result)
     return result

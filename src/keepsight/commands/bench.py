@@ -32,6 +32,7 @@ BENCHMARKS = {
     "needle-model": (needle.run_model, {}),
     "scan": (scan.run, {}),
     "diffusion": (diffusion.run, {"repeats": "pairs"}),
+    "mps-mrs": (diffusion.run_overhead, {"repeats": "pairs", "batch": "batch"}),
     "data": (data.run, {"rows": "rows", "batch": "batch"}),
     "baselines": (baselines.run, {"batch": "batch", "new_tokens": "new_tokens", "repeats": "pairs"}),
     "threads": (threads.run, {"repeats": "repeats"}),
