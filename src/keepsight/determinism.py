@@ -12,6 +12,7 @@ under other settings is never reused silently.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 import subprocess
@@ -87,12 +88,23 @@ def configure(threads: int = DEFAULT_THREADS) -> dict:
     return environment()
 
 
+CPU_QUOTA = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" in microseconds, or "max <period>"
+
+
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; the machine's count where the OS does not say)."""
+    """The cores this process may run on: its CPU affinity (the machine's count where the OS does not say), capped by
+    the container's CPU quota where cgroup v2 sets one (``docker --cpus 2`` on a 16-core host: 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = CPU_QUOTA.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def free_cores(samples: int = 3, interval: float = 0.002) -> int:
@@ -129,13 +141,13 @@ def resolve_threads(threads: int | str) -> int:
 
 
 def busy_note(threads: int, free: int | None = None) -> str | None:
-    """A warning when ``threads`` exceeds the cores free now (``free_cores``), else None. Each parallel region waits for
+    """A warning when ``threads`` exceeds the cores free now (``free_cores``; 1 thread never is), else None. Each parallel region waits for
     its slowest thread, and a thread that shares its core with another process runs a fraction of the time: 2 threads
     beside one busy process train about 3x slower than alone, 1 thread about as fast as alone (README, "A busy
     machine")."""
     free = free_cores() if free is None else free
     cores = usable_cores()
-    if threads <= free:
+    if threads <= max(free, 1):  # one thread is the least a run can take
         return None
     if free >= cores:
         return (f"{threads} intra-op threads on {cores} cores: the threads share the cores, and the run may be several "

@@ -70,3 +70,18 @@ def test_the_command_warns_and_gives_the_thread_count_back(neighbour, capsys):
     assert torch.get_num_threads() == before
     assert main(["models", "--threads", "1"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_container_quota_caps_the_cores(tmp_path, monkeypatch):
+    from keepsight import determinism
+
+    affinity = usable_cores()
+    quota = tmp_path / "cpu.max"
+    monkeypatch.setattr(determinism, "CPU_QUOTA", quota)
+    assert usable_cores() == affinity  # no cgroup file: the affinity
+    quota.write_text("max 100000\n")
+    assert usable_cores() == affinity
+    quota.write_text("150000 100000\n")  # 1.5 CPUs: 2 threads may run, at a share
+    assert usable_cores() == min(affinity, 2)
+    quota.write_text("50000 100000\n")
+    assert usable_cores() == 1 and resolve_threads("auto") == 1

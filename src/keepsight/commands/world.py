@@ -53,15 +53,18 @@ def add_parser(sub) -> None:
     b.set_defaults(func=run_build)
 
     t = world.add_parser("train", help="build a base VLM in stages (lm, vision, align, instruct) with the demo's "
-                          "recipe (keepsight.world.base.BASE_RECIPE; --recipe grounded: GROUNDED_RECIPE)")
-    t.add_argument("--preset", default="tiny-llava")
+                          "recipe (keepsight.world.base.BASE_RECIPE; --recipe grounded: GROUNDED_RECIPE, regime: "
+                          "REGIME_RECIPE)")
+    t.add_argument("--preset", help="the tiny preset (default: the recipe's; tiny-llava, tiny-llava-r300 for regime)")
     t.add_argument("--out", required=True)
     t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
     t.add_argument("--n", type=positive_int, default=4000, help="training scenes when --data is not given")
     t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--recipe", default="base", choices=sorted(RECIPES),
                    help="base: the demo's recipe (BASE_RECIPE); grounded: with a cell-lookup stage before instruct and "
-                   "a count head on the tower (GROUNDED_RECIPE; keepsight.world.base says what it measured)")
+                   "a count head on the tower (GROUNDED_RECIPE; keepsight.world.base says what it measured); regime: "
+                   "the grounded recipe with the language model's RoPE base at 300 (REGIME_RECIPE), where the history "
+                   "regime is one that access to the image limits")
     t.add_argument("--stage", default="all", choices=["all", *STAGES])
     t.add_argument("--steps-scale", type=positive_float, default=1.0, help="multiply every stage's step count")
     t.add_argument("--batch-size", type=positive_int, help="override every stage's batch size")
@@ -126,7 +129,8 @@ def run_train(args) -> int:
         cfg = world_from_args(args)
         check_in_memory(cfg, args.n)
         samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, args.n, seed=args.seed))
-    tc = copy.deepcopy(dataclasses.replace(RECIPES[args.recipe], preset=args.preset, seed=args.seed))
+    recipe = RECIPES[args.recipe]
+    tc = copy.deepcopy(dataclasses.replace(recipe, preset=args.preset or recipe.preset, seed=args.seed))
     for stage in tc.stages:
         st = getattr(tc, stage)
         st.steps = max(1, round(st.steps * args.steps_scale))

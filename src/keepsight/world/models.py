@@ -64,9 +64,13 @@ class TinyPreset:
     text_model: str = "qwen3"  # the LLaVA's language model: "qwen3" | "llama" (LLaVA-1.5's)
     feature_layer: int = -1  # the tower layer the LLaVA reads (LLaVA-1.5: -2, the second to last)
     feature_strategy: str = "full"  # "full" (every token, CLS included) | "default" (patches only: LLaVA-1.5's)
+    rope_theta: float | None = None  # the language model's RoPE base (None: its config class's default, 10,000)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["rope_theta"] is None:  # a preset without it keeps the dict it had before the field existed
+            del d["rope_theta"]
+        return d
 
 
 PRESETS: dict[str, TinyPreset] = {
@@ -74,6 +78,10 @@ PRESETS: dict[str, TinyPreset] = {
     "tiny-llava-6l": TinyPreset(arch="llava", text_layers=6),
     "tiny-qwen3vl": TinyPreset(arch="qwen3_vl", patch_size=8, vision_hidden=64, vision_layers=2),
     "tiny-llava-p8": TinyPreset(arch="llava", patch_size=8),  # 65 image tokens (4 per cell)
+    # RoPE base 300: the attention of a far position rotates through its slowest frequency within the few hundred
+    # tokens of a long world conversation (at the default 10,000 it barely turns), so reaching the image takes more the
+    # further the text has run from it: the regime recipe's base (keepsight.world.base.REGIME_RECIPE)
+    "tiny-llava-r300": TinyPreset(arch="llava", rope_theta=300.0),
     "tiny-qwen25vl": TinyPreset(arch="qwen2_5_vl", patch_size=8, vision_hidden=64, vision_layers=2),
     # LLaVA-1.5's layout (a LLaMA language model, the tower's second-to-last layer, patch tokens only) at 32 layers, the
     # depth MemVR's released code assumes; as many KV heads as heads (PAI's released attention has no GQA)
@@ -95,17 +103,26 @@ def preset_processor(preset: str | TinyPreset):
     return build_processor(p.image_size, p.patch_size, strategy=p.feature_strategy)
 
 
+def _rope(preset: TinyPreset) -> dict:
+    """The text config's RoPE argument for ``preset`` (none: the config class's default base)."""
+    if preset.rope_theta is None:
+        return {}
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": float(preset.rope_theta)}}
+
+
 def text_config(preset: TinyPreset, tokenizer):
     """The text config (Qwen3, or LLaMA for LLaVA-1.5's layout) shared by the text-only LM and the VLM's language
     model."""
+    rope = _rope(preset)
     if preset.text_model == "llama":
-        return LlamaConfig(vocab_size=len(tokenizer), hidden_size=preset.text_hidden,
+        return LlamaConfig(**rope, vocab_size=len(tokenizer), hidden_size=preset.text_hidden,
                            intermediate_size=preset.text_intermediate, num_hidden_layers=preset.text_layers,
                            num_attention_heads=preset.text_heads, num_key_value_heads=preset.text_kv_heads,
                            max_position_embeddings=preset.max_positions, rms_norm_eps=1e-5, tie_word_embeddings=False,
                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                            pad_token_id=tokenizer.pad_token_id)
     return Qwen3Config(
+        **rope,
         vocab_size=len(tokenizer),
         hidden_size=preset.text_hidden,
         intermediate_size=preset.text_intermediate,
@@ -209,7 +226,7 @@ def llada_text_config(tokenizer, preset: str | TinyPreset = "tiny-llava") -> Lla
     if tokenizer.mask_token_id is None:
         raise ValueError("the tokenizer has no mask token; a masked-diffusion LM needs one")
     return LladaConfig(
-        vocab_size=len(tokenizer), hidden_size=p.text_hidden, intermediate_size=p.text_intermediate,
+        **_rope(p), vocab_size=len(tokenizer), hidden_size=p.text_hidden, intermediate_size=p.text_intermediate,
         num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, num_key_value_heads=p.text_kv_heads,
         head_dim=p.text_hidden // p.text_heads, max_position_embeddings=p.max_positions, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
