@@ -108,10 +108,10 @@ def usable_cores() -> int:
 
 
 def free_cores(samples: int = 3, interval: float = 0.002) -> int:
-    """The cores this process may use (its CPU affinity) that no other process keeps busy right now: the affinity's
-    size minus the runnable threads of other processes (``/proc/loadavg``'s running count less this process's own
-    running threads), the most of ``samples`` reads ``interval`` seconds apart (a passing blip does not count); the
-    affinity's size where ``/proc`` does not say."""
+    """The cores this process may use (``usable_cores``) that no other process keeps busy right now: their number minus
+    the runnable threads of other processes (``/proc/loadavg``'s running count less this process's own running
+    threads), the most of ``samples`` reads ``interval`` seconds apart (a passing blip does not count); all of them
+    where ``/proc`` does not say."""
     cores = usable_cores()
     best = None
     for i in range(samples):
@@ -141,10 +141,10 @@ def resolve_threads(threads: int | str) -> int:
 
 
 def busy_note(threads: int, free: int | None = None) -> str | None:
-    """A warning when ``threads`` exceeds the cores free now (``free_cores``; 1 thread never is), else None. Each parallel region waits for
-    its slowest thread, and a thread that shares its core with another process runs a fraction of the time: 2 threads
-    beside one busy process train about 3x slower than alone, 1 thread about as fast as alone (README, "A busy
-    machine")."""
+    """A warning when ``threads`` exceeds the cores free now (``free_cores``; 1 thread never does), else None. Each
+    parallel region waits for its slowest thread, and a thread that shares its core with another process runs a
+    fraction of the time: 2 threads beside one busy process train about 3x slower than alone, 1 thread about as fast as
+    alone (README, "A busy machine")."""
     free = free_cores() if free is None else free
     cores = usable_cores()
     if threads <= max(free, 1):  # one thread is the least a run can take
