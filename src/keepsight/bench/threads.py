@@ -17,6 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from ..data import VLMCollator
+from ..determinism import resolve_threads
+from ..world import generate_scenes, world_config
+from ..world.models import build_model, preset_processor
+from ..world.tasks import WorldSamples, instruct_data
 from . import write_result
 
 NEIGHBOURS = {"none": None, "python loop": ("python",), "torch, 1 thread": ("torch", "1"),
@@ -29,8 +36,6 @@ def neighbour(kind: str, threads: str = "1") -> None:
     if kind == "python":
         while True:
             pass
-    import torch
-
     torch.set_num_threads(int(threads))
     a = torch.randn(256, 256)
     while True:
@@ -40,14 +45,6 @@ def neighbour(kind: str, threads: str = "1") -> None:
 def work(threads: str, steps: int) -> None:
     """Print the steps per second of ``steps`` instruct steps at ``threads`` (after 3 warm-up steps), and the count
     used."""
-    import torch
-
-    from ..data import VLMCollator
-    from ..determinism import resolve_threads
-    from ..world import generate_scenes, world_config
-    from ..world.models import build_model, preset_processor
-    from ..world.tasks import WorldSamples, instruct_data
-
     n = resolve_threads(threads if threads == "auto" else int(threads))
     torch.set_num_threads(n)
     config = world_config()
