@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from .atomic import release_outputs
 from .commands import GROUPS
 from .commands.options import threads
-from .determinism import busy_note, resolve_threads
+from .determinism import busy_note, free_cores, resolve_threads
 from .train.distributed import is_main_process, launch_options
 
 
@@ -52,9 +52,10 @@ class _threads:
         self._saved = torch.get_num_threads()
         if getattr(self.args, "threads", None) is None:
             return
-        self.args.threads = resolve_threads(self.args.threads)
+        free = free_cores()  # read once: for auto and for the warning
+        self.args.threads = resolve_threads(self.args.threads, free)
         torch.set_num_threads(self.args.threads)
-        note = busy_note(self.args.threads)
+        note = busy_note(self.args.threads, free)
         if note:
             print(f"keepsight: warning: {note}", file=sys.stderr)
 

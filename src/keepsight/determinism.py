@@ -127,16 +127,16 @@ def free_cores(samples: int = 3, interval: float = 0.002) -> int:
                     pass
         except (OSError, ValueError, IndexError):
             return cores
-        free = cores - max(running - max(ours, 1), 0)
+        free = cores - max(running - max(ours, 1), 0)  # at most cores
         best = free if best is None else max(best, free)
-    return max(min(best, cores), 0)
+    return max(best, 0)
 
 
-def resolve_threads(threads: int | str) -> int:
-    """An intra-op thread count: ``threads`` itself, or for ``"auto"`` the cores free now (``free_cores``), at least
-    1 and at most torch's own default (the physical cores)."""
+def resolve_threads(threads: int | str, free: int | None = None) -> int:
+    """An intra-op thread count: ``threads`` itself, or for ``"auto"`` the cores free now (``free``, else
+    ``free_cores()``), at least 1 and at most torch's own default (the physical cores)."""
     if threads == "auto":
-        return max(1, min(free_cores(), torch.get_num_threads()))
+        return max(1, min(free_cores() if free is None else free, torch.get_num_threads()))
     return number("threads", threads, 1, integer=True)
 
 
