@@ -47,7 +47,7 @@ from .train.finetune import FinetuneConfig
 from .train.lora_control import LoRATrainConfig
 from .train.pvm_grpo import GRPOTrainConfig
 from .train.pvm_sft import PVMTrainConfig
-from .world.base import BASE_RECIPE, GROUNDED_RECIPE, StageConfig, TrainConfig, train_base
+from .world.base import BASE_RECIPE, GROUNDED_RECIPE, REGIME_RECIPE, StageConfig, TrainConfig, train_base
 from .world.config import WorldConfig, world_config
 from .world.dataset import generate_scenes
 from .world.render import png_bytes
@@ -84,6 +84,9 @@ PVM_BLOCK = PVMConfig()
 PVM_SFT = PVMTrainConfig(warmup_ratio=0.1)
 
 # LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
+# the training-free baselines at their released defaults
+RELEASED_BASELINES = {k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")}
+
 LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda_spacing": "half_life", "gate": "token"})
 
 
@@ -120,7 +123,7 @@ PROFILES = {
         bridge=BridgeExperiment(),
         diffusion=DiffusionExperiment(train=DiffusionTrainConfig(steps=10, save_every=1000), n_scenes=4,
                                       steps_grid=(4,), sweep_steps=4, sweeps={"lam": [0.3], "beta": [0.1]}),
-        baselines=BaselinesExperiment(arms={k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")},
+        baselines=BaselinesExperiment(arms=RELEASED_BASELINES,
                                       beam_arms={"opera": BEAM_ARMS["opera"]}, beam_scenes=2,
                                       pvm=PVMExperiment(sft=PVMTrainConfig(steps=8, save_every=1000)),
                                       timing_scenes=2, timing_repeats=1),
@@ -178,6 +181,12 @@ PROFILES = {
     # the LoRA; each arm's prior-balanced yes/no against the text-only level
     "control-grounded": DemoProfile(name="control-grounded", n_train=4000, n_eval=200, n_dilution=150,
                                     train=GROUNDED_RECIPE, seeds=(0, 1, 2), control=PVMControl(pvm=PVM_BLOCK)),
+    # `--profile regime`: the regime recipe's base (RoPE base 300: a visual answer falls after the model's own
+    # description, and the image shown again recovers most of it), 3 seeds; in that regime every PVM arm (with the
+    # LoRA control and full fine-tuning) and each training-free baseline at its released defaults
+    "regime": DemoProfile(name="regime", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE, seeds=(0, 1, 2),
+                          pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
+                          baselines=BaselinesExperiment(arms=RELEASED_BASELINES, beam_arms={}, pvm=None)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
@@ -399,7 +408,7 @@ def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool,
         if exp_name in results:
             sections += EXPERIMENTS[exp_name].report(results[exp_name], out)
     if "aggregate" in results:
-        sections += seeds_sections(results["aggregate"])
+        sections += seeds_sections(results["aggregate"], out)
     sections.append(claims_section(claims_table(results, runs_dir)))
     summary = results_markdown(results, runs_dir)
     write_report(out / "report.html", f"keepsight demo ({profile.name})", sections, results)

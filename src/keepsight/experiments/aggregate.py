@@ -11,8 +11,11 @@ PATHS = {
              "history.drop.diff", "descriptions.chair.*", "open.*", "diagnosis.slope", "diagnosis.tvr_plateau",
              "diagnosis.convergence_layer_mean", "after_description.*.acc", "after_description.drop.diff",
              "after_description.recovery.diff", "after_description.recovered_share"],
-    "pvm": ["comparison.*.*", "arms.*.history.by_length.*.acc", "oracle.short_acc", "oracle.long_acc", "oracle.drop",
-            "oracle.recovered"],
+    "pvm": ["comparison.*.*", "arms.*.history.by_length.*.acc", "arms.*.after_description.*.acc", "oracle.short_acc",
+            "oracle.long_acc", "oracle.drop", "oracle.recovered", "oracle.history.by_length.*.acc"],
+    "baselines": ["arms.*.yes_no.overall_acc", "arms.*.yes_no.categories.*.acc", "arms.*.history.by_length.*.acc",
+                  "arms.*.history.drop.diff", "arms.*.after_description.*.acc", "arms.*.after_description.drop.diff",
+                  "arms.*.descriptions.chair.chair_i", "arms.*.descriptions.chair.object_recall", "arms.*.pope.*.f1"],
     "bridge": ["arms.*.yes_no.overall_acc", "arms.*.yes_no.categories.*.acc", "arms.*.history.by_length.*.acc",
                "arms.*.history.drop.diff", "arms.*.descriptions.chair.object_recall",
                "arms.*.descriptions.chair.exact_recall", "write_gate.*.gate_mean", "write_gate.*.gate_std"],
@@ -29,6 +32,12 @@ VERDICTS = {
         "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "existence": "arms.{arm}.yes_no.categories.existence.acc",
         "scene": "arms.{arm}.yes_no.categories.scene.acc", "colour": "arms.{arm}.yes_no.categories.colour.acc",
         "object_recall": "arms.{arm}.descriptions.chair.object_recall"}},
+    # each training-free baseline (same base, decoded with the method) against the base
+    "baselines": {"ref": "base", "level": 1, "suffix": "", "metrics": {
+        "yes_no_acc": "arms.{arm}.yes_no.overall_acc", "history_long_acc": "arms.{arm}.history.by_length.15.acc",
+        "description_regime_acc": "arms.{arm}.after_description.description.acc",
+        "chair_i": "arms.{arm}.descriptions.chair.chair_i",
+        "pope_adversarial_f1": "arms.{arm}.pope.adversarial.f1"}},
     # the image withheld: each arm's prior-balanced yes/no against the base's text-only level (0.5 by construction),
     # and against the LoRA trained the same way without a path to the image (what training alone gives)
     "control": {"ref": "base", "level": 1, "suffix": "", "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}},
@@ -47,7 +56,8 @@ def _select(obj, parts: list[str], prefix: str = ""):
         return
     keys = obj.keys() if head == "*" else [head] if head in obj else []
     for k in keys:
-        yield from _select(obj[k], rest, f"{prefix}.{k}" if prefix else str(k))
+        name = str(k).replace(".", "_")  # a dot in a key (an arm named "memvr (threshold 0.5, ...)") would split it
+        yield from _select(obj[k], rest, f"{prefix}.{name}" if prefix else name)
 
 
 def flatten(experiment: str, result: dict) -> dict[str, float]:

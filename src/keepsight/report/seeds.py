@@ -3,9 +3,12 @@ its reference and the paired difference, accuracy vs history length per arm, and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..experiments.aggregate import VERDICTS
 from ..metrics import mean_ci
-from .html import table
+from .html import img_tag, table
+from .plots import plot_text_regimes
 
 
 def fmt_ci(ci: dict | None, digits: int = 3) -> str:
@@ -67,19 +70,64 @@ def comparison_rows(agg: dict) -> list[list]:
 def history_rows(agg: dict, experiment: str = "pvm") -> tuple[list[str], list[list]]:
     """Accuracy vs history length per arm, mean over the seeds (header, rows)."""
     data = agg.get(experiment, {})
-    arms = sorted({k.split(".")[1] for k in data if k.startswith("arms.") and ".history.by_length." in k},
-                  key=lambda a: (a != "base", a))
+    arms = _arms(data)
     lengths = sorted({int(k.split(".")[4]) for k in data if ".history.by_length." in k and k.startswith("arms.")})
     rows = [[arm] + [fmt_ci(data.get(f"arms.{arm}.history.by_length.{n}.acc"), 3).split(" [")[0] for n in lengths]
             for arm in arms]
     return ["arm"] + [f"h = {n}" for n in lengths], rows
 
 
+REGIME_STEPS = (("none", "no text"), ("description", "after its own description"),
+                ("oracle", "+ the image again (oracle)"))
+ARM_EXPERIMENTS = (("pvm", "PVM arms"), ("baselines", "training-free baselines"))
+
+
+def _arms(data: dict) -> list[str]:
+    """The arms with an aggregated history, the base first."""
+    return sorted({k.split(".")[1] for k in data if k.startswith("arms.") and ".history.by_length." in k},
+                  key=lambda a: (a != "base", a))
+
+
+def description_rows(agg: dict, experiment: str) -> list[list]:
+    """Per arm: a visual question with no text, after the arm's own description, and after it with the image shown
+    again, each as mean [95% interval] over the seeds."""
+    data = agg.get(experiment, {})
+    return [[arm] + [fmt_ci(data.get(f"arms.{arm}.after_description.{step}.acc")) for step, _ in REGIME_STEPS]
+            for arm in _arms(data) if f"arms.{arm}.after_description.description.acc" in data]
+
+
+def _ci_rate(ci: dict) -> dict:
+    return {"acc": ci["mean"], "low": ci["low"], "high": ci["high"]}
+
+
+def plot_seeds(agg: dict, experiment: str, path: str | Path) -> Path | None:
+    """Accuracy of a visual question as text grows, per arm of ``experiment``, mean and 95% interval over the seeds
+    (``plot_text_regimes`` on the aggregate; the PVM experiment's oracle dashed). None when fewer than 2 seeds."""
+    data = agg.get(experiment, {})
+    if agg.get("n_seeds", 0) < 2 or not _arms(data):
+        return None
+
+    def by_length(prefix: str) -> dict:
+        return {k[len(prefix):-len(".acc")]: _ci_rate(v) for k, v in data.items()
+                if k.startswith(prefix) and k.endswith(".acc")}
+
+    arms = {}
+    for arm in _arms(data):
+        steps = {step: data.get(f"arms.{arm}.after_description.{step}.acc") for step, _ in REGIME_STEPS}
+        arms[arm] = {"history": {"by_length": by_length(f"arms.{arm}.history.by_length.")},
+                     **({"after_description": {s: _ci_rate(v) for s, v in steps.items()}}
+                        if all(steps.values()) else {})}
+    oracle = by_length("oracle.history.by_length.")
+    return plot_text_regimes(arms, path, {"by_length": oracle} if oracle else None,
+                             f"mean and 95% interval over {agg['n_seeds']} seeds")
+
+
 COMPARE_HEADER = ["experiment", "arm", "metric", "arm: mean [95% interval]", "reference", "paired difference",
                   "verdict"]
 
 
-def seeds_sections(agg: dict) -> list[tuple[str, str]]:
+def seeds_sections(agg: dict, out_dir: str | Path | None = None) -> list[tuple[str, str]]:
+    """The seeds' report sections; ``out_dir``: where the plots over seeds are written (None: no plots)."""
     n = agg["n_seeds"]
     intro = (f"<p>{n} base seeds (model initialisation and data order), every arm trained and scored on each. "
              "Mean with a 95% t interval over the seeds; a verdict only where two arms' intervals do not "
@@ -89,6 +137,13 @@ def seeds_sections(agg: dict) -> list[tuple[str, str]]:
     header, rows = history_rows(agg)
     if rows:
         sections.append(("Seeds: accuracy vs history length (mean)", table(header, rows)))
+    for experiment, label in ARM_EXPERIMENTS:
+        rows = description_rows(agg, experiment)
+        plot = plot_seeds(agg, experiment, Path(out_dir) / f"seeds_{experiment}_text.png") if out_dir else None
+        if rows or plot:
+            body = (img_tag(plot.read_bytes(), f"{label}: accuracy as text grows") if plot else "") + (
+                table(["arm", *(head for _, head in REGIME_STEPS)], rows) if rows else "")
+            sections.append((f"Seeds: {label} as text grows", body))
     return sections
 
 
@@ -108,4 +163,13 @@ def seeds_markdown(agg: dict) -> str:
     if rows:
         lines += ["", f"Visual question accuracy vs turns of history, mean over {n} seeds:", "",
                   *_md_table(header, rows)]
+    header, rows = history_rows(agg, "baselines")
+    if rows:
+        lines += ["", f"The same for the training-free baselines, mean over {n} seeds:", "", *_md_table(header, rows)]
+    for experiment, label in ARM_EXPERIMENTS:
+        rows = description_rows(agg, experiment)
+        if rows:
+            lines += ["", f"{label[0].upper()}{label[1:]}: a visual question after the arm's own description, mean "
+                          f"[95% interval] over {n} seeds:", "",
+                      *_md_table(["arm", *(head for _, head in REGIME_STEPS)], rows)]
     return "\n".join(lines)

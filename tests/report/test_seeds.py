@@ -1,0 +1,66 @@
+"""Results over seeds for the arms that decode differently (PVM, the training-free baselines): each arm's accuracy as
+text grows, with intervals over the seeds, its verdicts against the base, and the plot of both regimes."""
+
+import pytest
+
+from keepsight.demo import PROFILES, RELEASED_BASELINES
+from keepsight.experiments.aggregate import aggregate
+from keepsight.report.seeds import description_rows, plot_seeds, seeds_markdown, seeds_sections
+
+
+def _rate(acc):
+    return {"acc": acc, "low": acc - 0.03, "high": acc + 0.03}
+
+
+def _arm(yes_no, after):
+    return {"yes_no": {"overall_acc": yes_no, "categories": {"colour": {"acc": yes_no}}},
+            "history": {"by_length": {"0": _rate(0.85), "15": _rate(after + 0.05)}, "drop": {"diff": 0.8 - after}},
+            "after_description": {"none": _rate(0.85), "description": _rate(after), "oracle": _rate(0.8),
+                                  "drop": {"diff": 0.85 - after}},
+            "descriptions": {"chair": {"chair_i": 0.01, "object_recall": 0.6}},
+            "pope": {"adversarial": {"f1": yes_no}, "popular": {"f1": yes_no}}}
+
+
+def _seed(shift):
+    base, vcd, memvr = _arm(0.88 + shift, 0.60 + shift), _arm(0.80 + shift, 0.61 + shift), _arm(0.88 + shift,
+                                                                                               0.60 + shift)
+    pvm = {"comparison": {a: {"yes_no_acc": 0.88, "description_regime_acc": acc}
+                          for a, acc in (("base", 0.6 + shift), ("pvm_grpo", 0.7 + shift))},
+           "arms": {a: {"history": v["history"], "after_description": v["after_description"]}
+                    for a, v in (("base", base), ("pvm_grpo", _arm(0.88, 0.7 + shift)))},
+           "oracle": {"history": {"by_length": {"0": _rate(0.85), "15": _rate(0.8)}}}}
+    # an arm whose name has a dot stays one arm (the aggregate's paths are dotted)
+    return {"base": base, "pvm": pvm,
+            "baselines": {"arms": {"base": base, "vcd": vcd, "memvr (threshold 0.5)": memvr}}}
+
+
+def test_the_baselines_over_seeds_get_intervals_and_verdicts_against_the_base():
+    agg = aggregate([_seed(0.0), _seed(0.01), _seed(-0.01)])
+    v = agg["verdicts"]["baselines"]
+    assert set(v) == {"vcd", "memvr (threshold 0_5)"}
+    assert v["vcd"]["yes_no_acc"] == -1  # 0.80 against 0.88 on every seed
+    assert v["vcd"]["description_regime_acc"] == 0  # 0.61 against 0.60: the intervals overlap
+    assert v["memvr (threshold 0_5)"]["pope_adversarial_f1"] == 0
+    assert agg["baselines"]["arms.vcd.after_description.description.acc"]["values"] == pytest.approx([0.61, 0.62, 0.60])
+    md = seeds_markdown(agg)
+    assert "| baselines | vcd | yes_no_acc | 0.800 [0.775, 0.825] | base 0.880 [0.855, 0.905] |" in md
+    assert "Training-free baselines: a visual question after the arm's own description" in md
+    assert "| vcd | 0.850 [0.850, 0.850] | 0.610 [0.585, 0.635] | 0.800 [0.800, 0.800] |" in md
+    assert ["pvm_grpo", "0.850 [0.850, 0.850]", "0.700 [0.675, 0.725]", "0.800 [0.800, 0.800]"] in description_rows(
+        agg, "pvm")
+
+
+def test_the_plot_over_seeds_draws_every_arm_and_needs_two_seeds(tmp_path):
+    agg = aggregate([_seed(0.0), _seed(0.01), _seed(-0.01)])
+    path = plot_seeds(agg, "pvm", tmp_path / "pvm.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    titles = [t for t, _ in seeds_sections(agg, tmp_path)]
+    assert "Seeds: PVM arms as text grows" in titles and "Seeds: training-free baselines as text grows" in titles
+    assert plot_seeds(aggregate([_seed(0.0)]), "pvm", tmp_path / "one.png") is None
+
+
+def test_the_regime_profile_runs_every_arm_on_three_seeds_of_the_regime_recipe():
+    p = PROFILES["regime"]
+    assert p.seeds == (0, 1, 2) and p.train.preset == "tiny-llava-r300"
+    assert p.pvm is not None and p.pvm.finetune is not None and p.pvm.grpo.steps > 0
+    assert p.baselines.arms == RELEASED_BASELINES and all(settings == {} for _, settings in p.baselines.arms.values())
