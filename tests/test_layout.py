@@ -12,8 +12,7 @@ LAYERS = {
     "keepsight": 0, "atomic": 0, "checks": 0, "fingerprint": 0, "determinism": 0, "jsonl": 0, "ops": 0, "metrics": 0,
     "bridge": 1,  # projector modules on ops (a bridged LLaVA is an architecture the loader builds)
     "models": 2, "probes": 2,
-    "pvm": 2,  # the loader builds a checkpoint in the released PVM layout (its blocks attached)
-    "diffusion": 3, "baselines": 3,
+    "pvm": 3, "diffusion": 3, "baselines": 3,
     "data": 4, "train": 4,
     "world": 5, "inference": 5,
     "experiments": 6, "bench": 6, "integrations": 6, "report": 6,

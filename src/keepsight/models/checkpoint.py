@@ -10,9 +10,10 @@ plugin, the Python API):
 - ``load_checkpoint(dir, dtype=, device=)`` returns ``(model, processor)`` in eval mode. Safetensors in
   transformers' layout load with the Auto classes (after ``register_model_types()``); LLaDA / LLaDA-V
   repository layouts (LaViDa's release too: ``keepsight.models.lavida``) go through
-  ``keepsight.models.llada.load_llada_v`` (its key map); a directory in the released
-  PVM layout (``text_config.pvm_layers``, ``pvm_block.*`` weights) loads its backbone's class with the released
-  blocks attached (``keepsight.pvm.layout``), without the directory's own Python files.
+  ``keepsight.models.llada.load_llada_v`` (its key map); a directory in a method's layout loads through the reader
+  that method's package declares (``keepsight.models.layouts``: the released PVM layout, ``text_config.pvm_layers``
+  and ``pvm_block.*`` weights, loads its backbone's class with the released blocks attached, without the
+  directory's own Python files).
 - ``load_processor(dir)``: ``AutoProcessor``; where the table names a fallback and the directory's own processor
   cannot be built (its video half needs torchvision, which the CPU install lacks), that image-only processor
   (``keepsight.models.processors.QwenImageProcessor``, ``keepsight.models.image_only``).
@@ -36,10 +37,10 @@ from transformers import (
     AutoTokenizer,
 )
 
-from ..pvm.layout import load_released, released_pvm_config
 from .arch import ARCHITECTURES, arch_spec, kind_of, supported
 from .image_only import IMAGE_ONLY
 from .lavida import LavidaForConditionalGeneration, is_release, release_config, release_processor
+from .layouts import layout_of
 from .llada import load_llada_v
 from .llada_official import UNUSED_KEYS, official_config, official_processor
 from .processors import QwenImageProcessor
@@ -151,8 +152,9 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype | None = "
     if kind == "llada_v":
         model = load_llada_v(path, dtype=dt)
     else:
-        if released_pvm_config(config) is not None:  # PVM as released: its blocks attached, no remote code run
-            model = load_released(path, config, dt)
+        layout = layout_of(config)  # a method's layout (PVM as released: its blocks attached, no remote code run)
+        if layout is not None:
+            model = layout.load(path, config, dt)
         else:
             model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt or "auto")
         check_finite_weights(model, path)

@@ -1,19 +1,15 @@
 """Persistent Visual Memory: the released bottleneck block (default) or our earlier branch, beside the FFN of chosen
 decoder layers, reading only the visual embeddings."""
 
-# The loader (keepsight.models) reads the released layout (.layout), which needs .attach, which needs the
-# architecture table: importing keepsight.models first keeps that chain in one direction whichever package a
-# program imports first.
-from .. import models  # noqa: F401, I001
 from .attach import (
     Memory,
     attach_pvm,
     build_block,
     detach_pvm,
+    gate_report,
     pvm_disabled,
     pvm_memory,
     pvm_parameters,
-    gate_report,
 )
 from .block import PVMMemoryBlock
 from .config import RELEASED_LAYERS, PVMConfig, strided_layers

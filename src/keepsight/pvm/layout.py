@@ -22,6 +22,7 @@ from transformers import CONFIG_MAPPING, AutoModelForImageTextToText
 
 from ..atomic import atomic_save_dir
 from ..models.arch import arch_info
+from ..models.layouts import Layout
 from .attach import PREFIX, attach_pvm, detach_pvm, pvm_state_dict
 from .config import PVMConfig
 
@@ -142,3 +143,7 @@ def save_released(model: torch.nn.Module, directory: str | os.PathLike, processo
             extra(tmp)
 
     return atomic_save_dir(directory, write, kind=CHECKPOINT_KIND)
+
+
+# the reader keepsight.models.load_checkpoint finds through the keepsight.layouts entry point (pyproject.toml)
+LAYOUT = Layout("pvm", lambda config: released_pvm_config(config) is not None, load_released)
