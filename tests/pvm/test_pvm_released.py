@@ -103,6 +103,21 @@ def test_block_equals_the_released_equations(kv_heads, p, output_norm):
     assert torch.all(out[2] == 0) and torch.all(out[0, :3] == 0)
 
 
+def test_decoding_norms_are_fused_and_equal_the_training_forward_bit_for_bit():
+    """With no gradient recorded (decoding) the block's RMSNorms are torch's fused kernel; in fp32 its output equals
+    the training forward's step-by-step norms exactly, so a decode picks the tokens the trained block would."""
+    torch.manual_seed(0)
+    block = PVMMemoryBlock(_text_config(), PVMConfig(pvm_hidden_size=32))
+    with torch.no_grad():
+        block.gate_alpha.fill_(0.3)
+    h, V = torch.randn(2, 5, 64) * 3, torch.randn(2, 9, 64)
+    visual_mask, text_mask = torch.ones(2, 9, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
+    trained = block(h, V, visual_mask, text_mask)  # grad enabled: the step-by-step norms
+    with torch.no_grad():
+        decoded = block(h, V, visual_mask, text_mask)
+    assert trained.requires_grad and torch.equal(decoded, trained.detach())
+
+
 def test_identity_at_init_with_a_gate_that_learns_and_the_released_trap(processor):
     """Default init: the model starts as the base and the gate (only it, at first) has a gradient. The released
     file's construction (expander and gate both zero) is also the identity, but nothing in the block gets a
