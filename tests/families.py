@@ -74,6 +74,7 @@ from transformers import (
 )
 
 from keepsight.data import Sample, padding_side, render_prompt
+from keepsight.inference import METHODS, method_names
 from keepsight.models.image_only import (
     Gemma4ProcessorImageOnly,
     Glm4vProcessorImageOnly,
@@ -557,3 +558,10 @@ def family_batch(processor, questions: list[str], images: list) -> BatchFeature:
 #                        generate raise ValueError); gemma4: mm_token_type_ids and gemma3: token_type_ids
 #                        (without them both run, but the image tokens lose their bidirectional attention and the
 #                        logits change); the others: nothing beyond the processor's outputs.
+
+
+def registered_settings() -> tuple[dict[str, dict], dict[str, dict]]:
+    """(ZERO, STRONG): each registered autoregressive decoding method's declared test settings, by name, read from the
+    registry (a method registered with them is tested with no list here to edit)."""
+    names = [n for n in method_names("decode", "autoregressive") if METHODS[n].zero is not None]
+    return {n: METHODS[n].zero for n in names}, {n: METHODS[n].strong for n in names}

@@ -8,10 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
+from families import registered_settings
 from keepsight.baselines import DeCo, MemVR, build_baseline, distort
 from keepsight.baselines.deco import default_layers
 from keepsight.baselines.vcd import alpha_bar
 from keepsight.data import Sample, padding_side, render_prompt
+from keepsight.inference import build_method
 from keepsight.models import load_checkpoint
 from keepsight.models.arch import arch_info
 from tiny_checkpoints import save_tiny_checkpoint
@@ -19,12 +21,8 @@ from tiny_checkpoints import save_tiny_checkpoint
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRESETS = ["tiny-llava", "tiny-qwen3vl"]
-ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0, "beta": 0.0},
-        "memvr": {"threshold": 2.0}, "deco": {"alpha": 0.0}}
-STRONG = {"vcd": {"alpha": 1.0, "beta": 0.1}, "pai": {"alpha": 0.5, "gamma": 0.5}, "memvr": {"threshold": 0.0,
-                                                                                             "ratio": 0.5},
-          "deco": {"alpha": 0.6}}
 NEW = 4
+ZERO, STRONG = registered_settings()  # every registered decoding method's test settings
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -51,7 +49,7 @@ def test_zero_strength_is_the_plain_model_greedy_and_sampling(setup, name):
     plain = _gen(model, processor, batch).sequences
     torch.manual_seed(3)
     sampled = _gen(model, processor, batch, do_sample=True, temperature=1.0).sequences
-    method = build_baseline(name, **ZERO[name])
+    method = build_method(name, **ZERO[name])
     with method.apply(model):
         assert torch.equal(_gen(model, processor, batch).sequences, plain)
         torch.manual_seed(3)
@@ -357,7 +355,7 @@ def test_memvr_as_released_equals_its_twin(setup, threshold):
 @pytest.mark.parametrize("name", list(STRONG))
 def test_padded_rows_equal_single_rows(setup, name):
     model, processor, batch, rows = setup
-    method = build_baseline(name, **STRONG[name])
+    method = build_method(name, **STRONG[name])
     with method.apply(model):
         together = _gen(model, processor, batch).sequences[:, batch["input_ids"].shape[1]:]
         for r, single in enumerate(rows):
@@ -377,7 +375,7 @@ def test_everything_is_removed_on_exit_and_on_exception(setup, name):
     before = hooks()
     impl = arch_info(model).language_model.config._attn_implementation
     with pytest.raises(RuntimeError, match="boom"):
-        with build_baseline(name, **STRONG[name]).apply(model):
+        with build_method(name, **STRONG[name]).apply(model):
             _gen(model, processor, batch)
             raise RuntimeError("boom")
     assert hooks() == before  # every hook the method added is gone (transformers' own stay)
@@ -416,7 +414,7 @@ def test_bad_input_is_named(setup):
 @pytest.mark.parametrize("name", list(STRONG))
 def test_sampling_runs_through_each_method_and_it_acts(setup, name):
     model, processor, batch, _ = setup
-    method = build_baseline(name, **STRONG[name])
+    method = build_method(name, **STRONG[name])
     torch.manual_seed(0)
     with method.apply(model):
         out = _gen(model, processor, batch, do_sample=True, temperature=1.0, top_k=0)
@@ -509,7 +507,7 @@ def test_scores_do_not_depend_on_the_batch_size(setup, eight, name):
     if name == "pvm":
         model, ctx = _pvm_model(model), None
     else:
-        ctx = build_baseline(name)
+        ctx = build_method(name)
     import contextlib
 
     with ctx.apply(model) if ctx is not None else contextlib.nullcontext():

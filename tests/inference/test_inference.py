@@ -4,10 +4,12 @@ registration, the documented example run as written) and ``Pipeline`` (load + me
 
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
+from families import registered_settings
 from keepsight.baselines import BASELINES
 from keepsight.data import chat_example
 from keepsight.inference import (
@@ -76,6 +78,24 @@ def test_every_method_is_registered_once_with_its_stage_and_family():
         entry = METHODS[name]
         assert entry.config is config and entry.build is cls and entry.needs
         assert isinstance(entry.make(), cls)  # the config's defaults
+
+
+def test_every_decoding_method_declares_how_it_is_tested(example_method):
+    """Each decoding method's config names its zero-strength and at-strength settings (which the family and baseline
+    tests read from the registry) or the test file of a method those tests do not fit; a new method with its settings
+    joins them with no list edited (the documented example)."""
+    root = Path(__file__).resolve().parents[2]
+    for name in method_names("decode"):
+        entry = METHODS[name]
+        if entry.tested_by is not None:
+            assert (root / entry.tested_by).is_file(), f"{name}: {entry.tested_by} does not exist"
+            continue
+        assert entry.zero is not None and entry.strong is not None, (
+            f"{name}: its config declares neither ZERO and STRONG nor TESTED_BY")
+        entry.make(entry.zero), entry.make(entry.strong)  # both are valid settings
+    zero, strong = registered_settings()
+    assert zero["damp"] == {"factor": 1.0} and strong["damp"] == {"factor": 4.0}
+    assert {"vcd", "pai", "memvr", "deco"} <= set(zero) and "opera" not in zero
 
 
 def test_registry_refuses_what_it_cannot_run():

@@ -14,10 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from families import FAMILY_BUILDERS, family_batch, save_family, tiny_family
-from keepsight.baselines import build_baseline
+from families import FAMILY_BUILDERS, family_batch, registered_settings, save_family, tiny_family
 from keepsight.baselines.opera import OPERA
 from keepsight.cli import main
+from keepsight.inference import build_method
 from keepsight.inference.support import kinds, support
 from keepsight.models import AUTOREGRESSIVE, arch_info, arch_spec, load_checkpoint
 from keepsight.probes import LogitLens, VisualAttentionProbe
@@ -26,12 +26,9 @@ from keepsight.train.lora_control import lora_targets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ZERO = {"vcd": {"alpha": 0.0, "beta": 0.0}, "pai": {"alpha": 0.0, "gamma": 0.0, "beta": 0.0},
-        "memvr": {"threshold": 2.0}, "deco": {"alpha": 0.0}}
-STRONG = {"vcd": {"alpha": 1.0, "beta": 0.1}, "pai": {"alpha": 0.5, "gamma": 0.5},
-          "memvr": {"threshold": 0.0, "ratio": 0.5}, "deco": {"alpha": 0.6}}
 QUESTIONS = ["describe the scene .", "is there a red circle at b2 in the picture ?"]
 NEW = 4
+ZERO, STRONG = registered_settings()  # every registered decoding method's test settings
 
 
 def test_every_row_has_a_tiny_builder_and_is_in_the_matrix():
@@ -186,10 +183,10 @@ def test_baselines_at_zero_strength_are_the_plain_model(family, name):
     kind, _, model, processor, batch, _ = family
     if support(kind)[name] is not None:
         with pytest.raises(ValueError, match=f"{name} does not apply to {kind}"):
-            build_baseline(name, **ZERO[name]).apply(model).__enter__()
+            build_method(name, **ZERO[name]).apply(model).__enter__()
         return
     plain = _gen(model, processor, batch)
-    method = build_baseline(name, **ZERO[name])
+    method = build_method(name, **ZERO[name])
     with method.apply(model):
         assert torch.equal(_gen(model, processor, batch), plain)
 
@@ -202,7 +199,7 @@ def test_baselines_at_strength_act_and_keep_rows_apart(family, name):
     if support(kind)[name] is not None:
         return
     plain = _gen(model, processor, batch)
-    method = build_baseline(name, **STRONG[name])
+    method = build_method(name, **STRONG[name])
     with method.apply(model):
         together = _gen(model, processor, batch)[:, batch["input_ids"].shape[1]:]
         for r, row in enumerate(rows):

@@ -19,6 +19,7 @@ applies only when alpha > 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,6 +30,10 @@ from .base import Baseline
 
 @dataclass
 class DeCoConfig:
+    # the settings at which the method must leave greedy and sampled decoding unchanged (ZERO) and must act (STRONG):
+    # the registry's tests run every registered method at both on every family
+    ZERO: ClassVar[dict] = {"alpha": 0.0}
+    STRONG: ClassVar[dict] = {"alpha": 0.6}
     alpha: float = 0.6  # paper: 0.6
     layers: list[int] | None = None  # decoder layers (None: outputs of 19 .. 27 of 32 = hidden_states[20 .. 28])
     top_k: int = 20  # candidates (reference: 20)

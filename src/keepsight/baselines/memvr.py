@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -41,6 +42,10 @@ VARIANTS = ("released", "softmax")
 
 @dataclass
 class MemVRConfig:
+    # the settings at which the method must leave greedy and sampled decoding unchanged (ZERO) and must act (STRONG):
+    # the registry's tests run every registered method at both on every family
+    ZERO: ClassVar[dict] = {"threshold": 2.0}
+    STRONG: ClassVar[dict] = {"threshold": 0.0, "ratio": 0.5}
     variant: str = "released"  # "released" (memvr.py) | "softmax" (our earlier reading)
     threshold: float = 0.75  # top-10 entropy / ln 10 that triggers (README, eval scripts: 0.75; >= 1: never)
     ratio: float = 0.12  # r of (1 - r) FFN + r A' (mme.sh, mmvet.sh; the CHAIR loader hard-codes 0.12)

@@ -66,6 +66,7 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import DynamicCache
@@ -86,6 +87,9 @@ GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams"
 
 @dataclass
 class OPERAConfig:
+    # a beam search (it refuses sampling; its off setting is the model's own beam search, not greedy decoding): the
+    # registry's generic tests do not fit it, these do
+    TESTED_BY: ClassVar[str] = "tests/baselines/test_opera.py"
     num_beams: int = 5  # beams (README TL;DR and pope_eval.py / chair_eval.py ``--beam 5``; U:1515-1516 needs > 1)
     scale_factor: float = 50.0  # sigma of the over-trust score (U:1159 generate default; pope_eval.py:73; README: 50)
     threshold: int | None = 15  # rollback when loc appears > threshold times in every beam (U:1160; pope_eval.py:74;

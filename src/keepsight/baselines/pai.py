@@ -31,6 +31,7 @@ the release's beam search never reorders its text-only cache (greedy, what its s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import AttentionInterface, DynamicCache
@@ -47,6 +48,10 @@ _ACTIVE: list[PAI] = []
 
 @dataclass
 class PAIConfig:
+    # the settings at which the method must leave greedy and sampled decoding unchanged (ZERO) and must act (STRONG):
+    # the registry's tests run every registered method at both on every family
+    ZERO: ClassVar[dict] = {"alpha": 0.0, "gamma": 0.0, "beta": 0.0}
+    STRONG: ClassVar[dict] = {"alpha": 0.5, "gamma": 0.5}
     alpha: float = 0.2  # image attention amplification (README commands, chair_eval.py / pope_eval.py --alpha: 0.2)
     gamma: float = 0.1  # text-only subtraction, g - 1 (README --gamma 1.1; model_loader.py init_cfg_processor: 1.1)
     layers: list[int] | None = None  # amplified decoder layers (None: 2 .. L-1, the scripts' start 2 / end 32)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -38,6 +39,10 @@ SCHEDULES = ("sigmoid", "linear")
 
 @dataclass
 class VCDConfig:
+    # the settings at which the method must leave greedy and sampled decoding unchanged (ZERO) and must act (STRONG):
+    # the registry's tests run every registered method at both on every family
+    ZERO: ClassVar[dict] = {"alpha": 0.0, "beta": 0.0}
+    STRONG: ClassVar[dict] = {"alpha": 1.0, "beta": 0.1}
     alpha: float = 1.0  # contrast strength (object_hallucination_vqa_llava.py --cd_alpha: 1)
     beta: float = 0.1  # adaptive plausibility cut (--cd_beta: 0.1; the POPE script: 0.2, VCDConfig.pope())
     noise_step: int = 500  # diffusion step of the distortion (--noise_step: 500 of vcd_add_noise.py's 1000)

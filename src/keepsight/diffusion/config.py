@@ -44,6 +44,9 @@ class MPSConfig(_PaperDefaults):
     """Mask Prior Suppression (see ``keepsight.diffusion.mps``). ``variant="released"`` (default) is the authors'
     code (github.com/hong-sujung/MPD-PAC); ``variant="projection"`` our earlier reading, with its options."""
 
+    # a masked-diffusion method: tested against the released code and at zero strength on the sampler there
+    TESTED_BY: ClassVar[str] = "tests/diffusion/test_mps_mrs.py"
+
     PAPER: ClassVar[tuple[str, ...]] = ("k", "lam")
 
     variant: str = "released"  # "released" | "projection"
@@ -93,6 +96,9 @@ class MPSConfig(_PaperDefaults):
 class MRSConfig(_PaperDefaults):
     """Monotonic RoPE Scaling (see ``keepsight.diffusion.mrs``). ``mode="angle"`` (default) is the authors' code;
     ``amplitude`` and ``frequency`` are our earlier readings."""
+
+    # a masked-diffusion method: tested against the released code and at zero strength on the sampler there
+    TESTED_BY: ClassVar[str] = "tests/diffusion/test_mps_mrs.py"
 
     PAPER: ClassVar[tuple[str, ...]] = ("beta", "eta", "tau0")
 

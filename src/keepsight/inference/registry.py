@@ -10,14 +10,20 @@ A method is one of two stages:
   Monotonic RoPE Scaling on masked-diffusion ones.
 
 A decoding method is any object with ``apply(model)`` (a context manager that installs the method and removes
-it on exit) and ``stats()`` (a dict: how often it acted). Adding one is a module plus one call:
+it on exit) and ``stats()`` (a dict: how often it acted). Its config declares the settings its tests run at:
+``ZERO`` (the method leaves decoding unchanged) and ``STRONG`` (it must act), or ``TESTED_BY`` (the test file of a
+method those generic tests do not fit, such as a beam search); the tests run every registered method of the
+autoregressive family at both on every family row. Adding one is a module plus one call:
 
     from dataclasses import dataclass
+    from typing import ClassVar
     from keepsight.baselines import Baseline
     from keepsight.inference import register_method
 
     @dataclass
     class DampConfig:
+        ZERO: ClassVar[dict] = {"factor": 1.0}
+        STRONG: ClassVar[dict] = {"factor": 4.0}
         factor: float = 0.5  # multiplies every logit (a temperature on the scores)
 
     class Damp(Baseline):
@@ -61,6 +67,21 @@ class Method:
     build: Callable | None = None
     prepare: Callable | None = None
     enter: Callable | None = None
+
+    @property
+    def zero(self) -> dict | None:
+        """Settings at which the method leaves decoding unchanged (its config's ``ZERO``; None: not declared)."""
+        return getattr(self.config, "ZERO", None)
+
+    @property
+    def strong(self) -> dict | None:
+        """Settings at which the method must act on any model of its family (its config's ``STRONG``)."""
+        return getattr(self.config, "STRONG", None)
+
+    @property
+    def tested_by(self) -> str | None:
+        """Where a method the generic tests do not fit is tested instead (its config's ``TESTED_BY``)."""
+        return getattr(self.config, "TESTED_BY", None)
 
     def make(self, settings: dict | None = None, model=None, tokenizer=None):
         """The method object with ``settings`` (the config's fields; unknown or bad ones are ValueErrors naming the
