@@ -35,11 +35,11 @@ from ..diffusion import (
     lone_mask_logits,
     prior_cosine,
 )
+from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
 from ..fingerprint import digest
 from ..inference import Decoders
 from ..metrics import chair, distinct_n, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
-from ..models.llada_official import shipped_decoding
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
@@ -105,16 +105,6 @@ PROJECTION_SWEEP = ("prior", "center", "layers", "projection_lam")  # of our ear
 MRS_MODE_SWEEP = {"amplitude_beta": "amplitude", "frequency_beta": "frequency"}  # our readings of MRS, over beta
 
 
-def _decode(tokenizer, ids: torch.Tensor) -> list[str]:
-    """Generated ids [B, G] -> texts, each cut at its first end-of-sequence token."""
-    out = []
-    for row in ids.tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[: row.index(tokenizer.eos_token_id)]
-        out.append(tokenizer.decode(row, skip_special_tokens=True).strip())
-    return out
-
-
 class _Runner:
     def __init__(self, model, processor, samples: WorldSamples, gen_length: int, varied: bool = False,
                  block_length: int | None = None):
@@ -129,8 +119,8 @@ class _Runner:
         with torch.no_grad():
             self.top10 = set(lone_mask_logits(model, tok.mask_token_id).topk(10).indices.tolist())
         self.top10_tokens = tok.convert_ids_to_tokens(sorted(self.top10))
-        suppress, _ = shipped_decoding(tok)  # LLaDA-V's bans as shipped; the world's tokenizer has none of them
-        self.suppress = suppress or [tok.pad_token_id, tok.bos_token_id]
+        self.suppress = suppressed_ids(model, tok)  # the world's tokenizer: pad and bos
+        self.ends = end_ids(model, tok)
 
     def method(self, name: str, mps_kw: dict, mrs_kw: dict) -> contextlib.AbstractContextManager:
         """``name`` applied to the runner's model: none, MPS, MRS or both from the method registry (the Pipeline's
@@ -152,7 +142,8 @@ class _Runner:
                            generator=torch.Generator().manual_seed(0), callback=callback,
                            **(self.block if sampler is None else sampler))
             seconds = time.perf_counter() - t0
-        texts = _decode(self.processor.tokenizer, out.generated)
+        texts = [self.processor.tokenizer.decode(row, skip_special_tokens=True).strip()
+                 for row in cut_at_end(out.generated, self.ends)]
         gen = out.generated.tolist()
         eos = self.processor.tokenizer.eos_token_id
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]

@@ -23,10 +23,10 @@ import torch
 
 from ..data import padding_side
 from ..diffusion import generate as diffusion_generate
+from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
 from ..diffusion.sampler import user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
-from ..models.arch import arch_spec, check_finite, check_length
-from ..models.llada_official import shipped_decoding
+from ..models.arch import check_finite, check_length
 from ..pvm import load_pvm
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
@@ -293,15 +293,6 @@ class Pipeline:
     def _applied(self, prompt_len: int) -> contextlib.ExitStack:
         return self._decoders.applied(self._model, prompt_len)
 
-    def _eos_ids(self) -> set[int]:
-        ids = set()
-        for v in (self.tokenizer.eos_token_id, self._model.generation_config.eos_token_id):
-            if isinstance(v, int):
-                ids.add(v)
-            elif isinstance(v, (list, tuple)):
-                ids.update(int(x) for x in v)
-        return ids
-
     def diffusion_settings(self, max_new_tokens: int) -> tuple[int, int, int]:
         """(gen_length, steps, block_length) for a request asking ``max_new_tokens``: ``gen_length`` and
         ``block_length`` from the settings when given, else the request's length (rounded up to a whole number of
@@ -317,11 +308,7 @@ class Pipeline:
     def _diffuse(self, enc, s: dict) -> torch.Tensor:
         gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
         tok = self.tokenizer
-        suppress, stop = shipped_decoding(tok)  # LLaDA-V's bans at mask slots and its <|eot_id|> stop, as shipped
-        if arch_spec(self._model).kind == "lavida":  # LaViDa's sampler (llada/generate.py) bans no token
-            suppress = []
-        elif not suppress:  # another tokenizer: pad and bos are never generated
-            suppress = [i for i in (tok.pad_token_id, tok.bos_token_id) if i is not None and i not in self._eos_ids()]
+        suppress = suppressed_ids(self._model, tok)
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
         prompt_len = enc["input_ids"].shape[1]
         with self._applied(prompt_len):
@@ -331,10 +318,8 @@ class Pipeline:
                                      remasking=self.remasking, suppress_token_ids=suppress,
                                      generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra,
                                      **self.sampler)
-        eos, pad = self._eos_ids() | set(stop), tok.pad_token_id if tok.pad_token_id is not None else 0
-        rows = []
-        for row in out.generated.tolist():  # cut at the first end-of-sequence token, pad to a rectangle
-            rows.append(row[: next((j for j, t in enumerate(row) if t in eos), len(row))])
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        rows = cut_at_end(out.generated, end_ids(self._model, tok))  # padded to a rectangle below
         width = max(len(r) for r in rows)
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
 
