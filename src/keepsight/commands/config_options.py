@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
 import re
 import types
 import typing
+
+from ..inference.arguments import json_object
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
 _CONTINUATION = re.compile(r"^\s+#\s{2,}(.*)$")  # "#" and two or more spaces: the comment above goes on
@@ -74,12 +75,9 @@ def _scalar(kind):
 
 def _json_object(text: str) -> dict:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
+        return json_object("", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _option_kwargs(hint) -> dict:

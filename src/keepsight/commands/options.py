@@ -5,11 +5,11 @@ reads the data it is given."""
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 from ..checks import number, requirement
 from ..data import open_dataset, preflight
+from ..inference.arguments import json_object
 from ..models import DTYPE_CHOICES
 from ..train.distributed import PRECISIONS
 from ..world.config import world_config
@@ -133,22 +133,7 @@ def user_data(args, need_answers: bool = True):
 
 def json_settings(option: str, text: str | None) -> dict:
     """A JSON object of settings given to ``option`` ({} when not given); anything else is an error naming it."""
-    if text is None:
-        return {}
-    def once(pairs: list) -> dict:
-        keys = [k for k, _ in pairs]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
-        if twice:
-            raise ValueError(f"{option}: settings {twice} given twice; give each once")
-        return dict(pairs)
-
-    try:
-        value = json.loads(text, object_pairs_hook=once)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{option} {text!r} is not JSON ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{option} takes a JSON object of settings, got {text!r}")
-    return value
+    return {} if text is None else json_object(option, text)
 
 
 def read_samples(path, limit: int | None = None) -> WorldSamples:

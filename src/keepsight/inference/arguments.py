@@ -135,6 +135,27 @@ def config_keys(cls, only=None) -> dict:
             if f.init and (only is None or f.name in only)}
 
 
+def json_object(name: str, text: str) -> dict:
+    """``text`` as a JSON object of settings, each key given once; anything else is a ValueError naming ``name``
+    (an empty ``name``: the message names only the text, for argparse, which names the option itself)."""
+    where = f"{name}: " if name else ""
+
+    def once(pairs: list) -> dict:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"{where}settings {twice} given twice; give each once")
+        return dict(pairs)
+
+    try:
+        value = json.loads(text, object_pairs_hook=once)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}{text!r} is not a JSON object ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}expected a JSON object of settings, got {text!r}")
+    return value
+
+
 def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) -> dict | None:
     """``mps`` / ``mrs``: None/false = off, true = defaults, a dict or JSON object = settings; ``flat``
     (``mps_lam=...``) entries override and switch the fix on unless it was explicitly turned off."""
@@ -144,11 +165,7 @@ def fix_settings(name: str, value: Any, flat: dict, keys: dict, defaults: dict) 
     elif isinstance(value, dict):
         settings = {**defaults, **value}
     elif isinstance(value, str) and value.strip().startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name}: {value!r} is not a JSON object ({e})") from None
-        settings = {**defaults, **parsed}
+        settings = {**defaults, **json_object(name, value)}
     else:
         settings = dict(defaults) if as_bool(name, value) else None
         if settings is None and flat:
@@ -176,7 +193,7 @@ def baseline_settings(as_json, flat: dict) -> dict:
     """A baseline's settings from ``baseline_args`` (a JSON object or a dict) and flat ``baseline_*`` arguments."""
     settings = {}
     if as_json is not None:
-        value = json.loads(as_json) if isinstance(as_json, str) else as_json
+        value = json_object("baseline_args", as_json) if isinstance(as_json, str) else as_json
         if not isinstance(value, dict):
             raise ValueError(f"baseline_args must be a JSON object, got {as_json!r}")
         settings.update(value)
