@@ -47,3 +47,28 @@ def test_a_row_with_an_unknown_setting_is_refused():
         ArchSpec("x", "autoregressive", "model", rope="2d")
     with pytest.raises(ValueError, match="image_layout must be one of"):
         ArchSpec("x", "autoregressive", "model", image_layout="patches")
+
+
+def test_a_method_no_test_runs_is_not_a_yes():
+    """A decoding method registered without test settings gets "no" on every row of its family, with the reason."""
+    from dataclasses import dataclass
+
+    from keepsight.baselines import Baseline
+    from keepsight.inference import METHODS, register_method
+
+    @dataclass
+    class BareConfig:
+        factor: float = 1.0
+
+    class Bare(Baseline):
+        name = "bare"
+
+    register_method("bare", BareConfig, Bare, family="autoregressive")
+    try:
+        cells = {kind: support(kind)["bare"] for kind in kinds()}
+        assert all(why == "-" or "no test runs it" in why for why in cells.values())
+        assert any(why != "-" for why in cells.values())
+        assert "| no (" in matrix_markdown() and "bare is registered but its config declares no test" in matrix_markdown()
+    finally:
+        METHODS.pop("bare")
+    assert all(why is None or why == "-" or "no test" not in why for kind in kinds() for why in support(kind).values())

@@ -3,7 +3,8 @@
 it; README shows its output.
 
 A cell is ``yes`` (it runs: the tests build a tiny model of that row and run it), ``-`` (another family's
-method) or ``no`` with a footnote (the row rules it out, and applying it is an error naming the reason).
+method) or ``no`` with a footnote (the row rules it out, and applying it is an error naming the reason; or a
+registered decoding method declares no settings for the tests, so no test runs it on any row).
 """
 
 from __future__ import annotations
@@ -28,10 +29,21 @@ def kinds() -> list[str]:
     return [k for k, spec in ARCHITECTURES.items() if spec.loadable]
 
 
+def untested(name: str) -> str | None:
+    """Why no test runs the registered decoding method ``name`` (None: its config declares ``ZERO`` and ``STRONG``,
+    which the family tests run on every row, or ``TESTED_BY``, its own tests; or it is not a decoding method)."""
+    entry = METHODS.get(name)
+    if entry is None or entry.stage != "decode" or entry.tested_by or (entry.zero is not None
+                                                                          and entry.strong is not None):
+        return None
+    return (f"{name} is registered but its config declares no test settings (ZERO and STRONG, or TESTED_BY), so no "
+            "test runs it")
+
+
 def support(kind: str) -> dict[str, str | None]:
-    """``{column: None (runs) | "-" (another family's) | why it does not apply}`` for one kind."""
+    """``{column: None (runs) | "-" (another family's) | why it does not apply or is not tested}`` for one kind."""
     spec = ARCHITECTURES[kind]
-    return {name: "-" if family != spec.family else spec.why_not(name) for name, family in columns()}
+    return {name: "-" if family != spec.family else spec.why_not(name) or untested(name) for name, family in columns()}
 
 
 def matrix_markdown() -> str:
