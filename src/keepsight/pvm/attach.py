@@ -56,6 +56,13 @@ class _State:
     norms: dict = field(default_factory=dict)  # layer key -> (sum ||pvm||, sum ||ffn||) at text positions
     retrieval: dict = field(default_factory=dict)  # layer key -> summed retrieval statistics (see retrieval_stats)
     hooks: list = field(default_factory=list)
+    id_tensors: dict = field(default_factory=dict)  # device -> visual_ids as a tensor (made once, not every forward)
+
+    def visual_id_tensor(self, device) -> torch.Tensor:
+        ids = self.id_tensors.get(device)
+        if ids is None:
+            ids = self.id_tensors[device] = torch.tensor(self.visual_ids, device=device)
+        return ids
 
 
 def _state(model: nn.Module) -> _State:
@@ -207,7 +214,7 @@ def _top_pre_hook(model, args, kwargs):
     if input_ids is None:
         raise ValueError("PVM needs input_ids to find the image tokens (got inputs_embeds only)")
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    st.input_visual = torch.isin(input_ids, torch.tensor(st.visual_ids, device=input_ids.device))  # [B, T_in]
+    st.input_visual = torch.isin(input_ids, st.visual_id_tensor(input_ids.device))  # [B, T_in]
     st.queries = {}
     if starts_sequence(cache):
         st.memory = None  # a new sequence: the language model's pre-hook captures V
