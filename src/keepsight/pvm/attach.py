@@ -48,6 +48,7 @@ class _State:
     visual_ids: tuple[int, ...]
     memory: Memory | None = None  # the last forward's visual memory (from its cache, or captured)
     text_mask: torch.Tensor | None = None  # [B, T_in] positions of the current forward that may receive PVM
+    text_all: bool | None = None  # whether text_mask is all true (read once per inference forward; None: not yet)
     input_visual: torch.Tensor | None = None  # [B, T_in] visual positions of the current forward
     queries: dict = field(default_factory=dict)  # layer key -> the released block's query of the current forward
     enabled: bool = True
@@ -226,6 +227,7 @@ def _top_pre_hook(model, args, kwargs):
             raise RuntimeError(f"PVM: batch size changed from {st.memory.visual.shape[0]} to {input_ids.shape[0]} "
                                "mid-sequence")
     st.text_mask = ~st.input_visual if st.config.silence_visual else torch.ones_like(st.input_visual)
+    st.text_all = None
 
 
 def _top_hook(model, args, output):
@@ -296,9 +298,12 @@ def _make_ffn_hook(model, key: str):
                 dtype = block.text_reducer.weight.dtype
                 masks = mem.masks.get(dtype)
                 if masks is None:
-                    masks = mem.masks[dtype] = visual_masks(mem.visual_mask, dtype)
+                    masks = mem.masks[dtype] = visual_masks(mem.visual_mask, dtype, drop_trivial=True)
                 extra_kwargs["masks"] = masks
-        extra, weights = block(query, mem.visual, mem.visual_mask, text_mask, projected, return_weights=True,
+                if st.text_all is None:  # once per forward: every position may receive PVM (decoding: the usual)
+                    st.text_all = bool(st.text_mask.all())
+        given = None if extra_kwargs and st.text_all else text_mask  # None: no multiply by ones (the same bits)
+        extra, weights = block(query, mem.visual, mem.visual_mask, given, projected, return_weights=True,
                                **extra_kwargs)
         if st.record_norms:
             sel = text_mask.bool()

@@ -48,13 +48,19 @@ def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) ->
     return h if weight is None else weight * h
 
 
-def visual_masks(visual_mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def visual_masks(visual_mask: torch.Tensor, dtype: torch.dtype, drop_trivial: bool = False
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """What the block derives from ``visual_mask [B, M]``, the same at every decode step of a request: the additive
     attention bias over the visual keys [B, 1, 1, M] (0, or the dtype's lowest at padding) and whether each row has
-    a visual token at all [B, 1, 1] (1 or 0)."""
+    a visual token at all [B, 1, 1] (1 or 0). ``drop_trivial`` (once per request, when decoding): None for a bias of
+    zeros (no padding) and for rows that all have one, so no step adds 0 or multiplies by 1 (the same bits, fewer
+    operations)."""
     bias = torch.zeros(visual_mask.shape, dtype=dtype, device=visual_mask.device)
     bias = bias.masked_fill(~visual_mask, torch.finfo(dtype).min)[:, None, None, :]
-    return bias, visual_mask.any(-1).to(dtype)[:, None, None]
+    rows = visual_mask.any(-1)
+    if drop_trivial:
+        return (None if bool(visual_mask.all()) else bias), (None if bool(rows.all()) else rows.to(dtype)[:, None, None])
+    return bias, rows.to(dtype)[:, None, None]
 
 
 class RMSNorm(nn.Module):
@@ -94,10 +100,9 @@ class CrossAttention(nn.Module):
         v = self.v_proj(v_lat).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
         return k, v
 
-    def forward(self, q_lat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                bias: torch.Tensor | None = None):
-        """q_lat [B, T, p], keys / values [B, kvh, M, hd], mask [B, M] bool (or its ``visual_masks`` bias) ->
-        ([B, T, p], weights [B, h, T, M]).
+    def forward(self, q_lat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None):
+        """q_lat [B, T, p], keys / values [B, kvh, M, hd], bias: ``visual_masks``' additive bias over the keys
+        [B, 1, 1, M] (None: no padding) -> ([B, T, p], weights [B, h, T, M]).
         Query head i reads KV head i // groups (as ``repeat_interleave`` would expand them): the heads of a group are
         stacked along the query axis and read their KV head once, with no copy of the keys and values."""
         b, t, _ = q_lat.shape
@@ -105,9 +110,9 @@ class CrossAttention(nn.Module):
         groups, m = self.heads // self.kv_heads, keys.shape[2]
         q = q.reshape(b, self.kv_heads, groups * t, self.head_dim)  # [B, kvh, g * T, hd]
         scores = (q @ keys.transpose(-1, -2)).view(b, self.heads, t, m) * self.head_dim**-0.5  # [B, h, T, M]
-        if bias is None:
-            bias = visual_masks(mask, scores.dtype)[0]  # [B, 1, 1, M]
-        weights = (scores + bias).softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(q.dtype)
+        if bias is not None:
+            scores = scores + bias
+        weights = scores.softmax(-1, dtype=_at_least_fp32(scores.dtype)).to(q.dtype)
         weights_used = F.dropout(weights, p=self.dropout, training=True) if self.training and self.dropout else weights
         out = weights_used.view(b, self.kv_heads, groups * t, m) @ values  # [B, kvh, g * T, hd]
         out = out.view(b, self.heads, t, self.head_dim).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
@@ -174,21 +179,26 @@ class PVMMemoryBlock(nn.Module):
         """The visual side, once per sequence: visual [B, M, d] -> keys, values [B, kv_heads, M, head_dim]."""
         return self.cross_attn.keys_values(self.vision_reducer(visual.to(self.vision_reducer.weight.dtype)))
 
-    def forward(self, query: torch.Tensor, visual: torch.Tensor, visual_mask: torch.Tensor, text_mask: torch.Tensor,
-                projected: tuple[torch.Tensor, torch.Tensor] | None = None, return_weights: bool = False,
-                masks: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, query: torch.Tensor, visual: torch.Tensor, visual_mask: torch.Tensor,
+                text_mask: torch.Tensor | None, projected: tuple[torch.Tensor, torch.Tensor] | None = None,
+                return_weights: bool = False, masks: tuple[torch.Tensor | None, torch.Tensor | None] | None = None):
         """query [B, T, d] (the residual stream after self-attention), visual [B, M, d], visual_mask [B, M] bool,
-        text_mask [B, T] (0: no update here) -> the update [B, T, d] in the query's dtype (and the retrieval weights
-        [B, heads, T, M] with ``return_weights``). Rows with no visual token get zeros. ``projected`` / ``masks``:
-        ``project_visual(visual)`` / ``visual_masks(visual_mask, dtype)`` computed once per request (decoding)."""
+        text_mask [B, T] (0: no update here; None: every position is updated) -> the update [B, T, d] in the query's
+        dtype (and the retrieval weights [B, heads, T, M] with ``return_weights``). Rows with no visual token get
+        zeros. ``projected`` / ``masks``: ``project_visual(visual)`` / ``visual_masks(visual_mask, dtype)`` computed
+        once per request (decoding)."""
         dtype = self.text_reducer.weight.dtype
         keys, values = projected if projected is not None else self.project_visual(visual)
         bias, rows = masks if masks is not None else visual_masks(visual_mask, dtype)
         q_lat = self.input_norm(self.text_reducer(query.to(dtype)))  # [B, T, p]
-        m_raw, weights = self.cross_attn(q_lat, keys, values, visual_mask, bias)  # [B, T, p]
+        m_raw, weights = self.cross_attn(q_lat, keys, values, bias)  # [B, T, p]
         m = m_raw + self.mlp(self.post_attn_norm(m_raw))  # [B, T, p]
         out = self.output_expander(m)  # [B, T, d]
         out = self.gate_alpha * (rms_norm(out, self.eps) if self.output_norm else out)
-        keep = text_mask.to(dtype)[..., None] * rows  # [B, T, 1]
-        out = (out * keep).to(query.dtype)
+        keep = None if text_mask is None else text_mask.to(dtype)[..., None]  # [B, T, 1]
+        if rows is not None:
+            keep = rows if keep is None else keep * rows
+        if keep is not None:
+            out = out * keep
+        out = out.to(query.dtype)
         return (out, weights) if return_weights else out
