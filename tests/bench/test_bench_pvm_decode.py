@@ -13,6 +13,8 @@ def test_pvm_decode_bench_runs_and_its_pvm_arms_agree(tmp_path):
     for row in result["rows"]:
         assert row["same_tokens"] is True
         assert {"base_ms", "pvm_once_ms", "pvm_every_step_ms", "projected_36_layers_overhead_once"} <= set(row)
+        # the time inside the blocks is measured (a part of the PVM step, so less than the whole step)
+        assert 0 < row["blocks_ms"] < row["pvm_once_ms"] and row["blocks_share"] > 0
 
 
 def test_the_flop_count_is_what_torch_counts():

@@ -5,7 +5,9 @@ default: a Qwen3-VL-shaped text model of width 512 and 12 layers, 256 visual tok
 ``qwen3-vl-8b`` (Qwen3-VL-8B's full width and vocabulary, 1,024 visual tokens, 4 layers built and the overhead
 projected to its 36 from the measured per-layer and LM-head times; about an hour on 2 CPU cores). One prefill per
 batch size; each timing is a run of cached decode steps from the same cache (cropped back), the three arms
-interleaved in every repeat, the medians of the repeats reported. FLOPs per decoded token at Qwen3-VL-8B's full depth
+interleaved in every repeat, the medians of the repeats reported. Beside the wall-time overhead (whose noise on a
+shared CPU is larger than the effect), the time spent inside the PVM blocks themselves is clocked (forward hooks) and
+reported as a share of the same repeat's base step. FLOPs per decoded token at Qwen3-VL-8B's full depth
 are counted from the shapes (``decode_flops``) whatever shape is timed."""
 
 from __future__ import annotations
@@ -63,6 +65,24 @@ def _decode(model, cache, prefix: int, first: torch.Tensor, mask: torch.Tensor, 
     return (time.perf_counter() - t0) / steps, tokens
 
 
+class _BlockClock:
+    """Seconds spent inside the PVM blocks' forwards (forward pre- / post-hooks on each block) while active: PVM's own
+    work per step, which wall time per step shows only beside the machine's noise."""
+
+    def __init__(self, blocks):
+        self.seconds, self.active, self._t0 = 0.0, False, 0.0
+        self.handles = [h for b in blocks for h in (b.register_forward_pre_hook(self._start),
+                                                      b.register_forward_hook(self._stop))]
+
+    def _start(self, module, args):
+        if self.active:
+            self._t0 = time.perf_counter()
+
+    def _stop(self, module, args, output):
+        if self.active:
+            self.seconds += time.perf_counter() - self._t0
+
+
 MAX_NEW_TOKENS = 16  # decode steps timed a run: the default and the most this benchmark takes (more is refused)
 
 
@@ -107,6 +127,7 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         for block in model.pvm.values():
             block.gate_alpha.fill_(0.1)
     st = model._keepsight_pvm
+    clock = _BlockClock(model.pvm.values())
     cached_cfg, recompute_cfg = st.config, dataclasses.replace(st.config, cache_visual=False)
     rows = []
     for batch in batches:
@@ -123,13 +144,17 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         with pvm_disabled(model):
             _decode(model, cache, prefix, first, mask, 1)
         times, chosen = {"base": [], "pvm_once": [], "pvm_every_step": []}, {}
+        inside = []  # per repeat: seconds a step spent inside the blocks, with the memory projected once
         for _ in range(repeats):
             for arm in times:
                 st.config = recompute_cfg if arm == "pvm_every_step" else cached_cfg
                 st.enabled = arm != "base"
+                clock.seconds, clock.active = 0.0, arm == "pvm_once"
                 seconds, chosen[arm] = _decode(model, cache, prefix, first, mask, new_tokens)
                 times[arm].append(seconds)
-            st.config, st.enabled = cached_cfg, True
+                if clock.active:
+                    inside.append(clock.seconds / new_tokens)
+            st.config, st.enabled, clock.active = cached_cfg, True, False
         same = all(torch.equal(a, b) for a, b in zip(chosen["pvm_once"], chosen["pvm_every_step"]))
         h = torch.randn(batch, 1, shape["hidden"])
         head_s = statistics.median(_time(lambda h=h: model.lm_head(h)) for _ in range(repeats))
@@ -137,6 +162,7 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
         # each repeat runs the three arms back to back: its ratios share the machine's state of that moment
         paired = {arm: median_ci([t / b - 1 for b, t in zip(times["base"], times[arm])])
                   for arm in ("pvm_once", "pvm_every_step")}
+        own = median_ci([i / b for b, i in zip(times["base"], inside)])  # the blocks' time against the base step
         layer_s = (med["base"] - head_s) / layers
         full = head_s + shape["layers"] * layer_s  # the base step at the real depth
         rows.append({"batch": batch, "visual_tokens": visual, "prefill_s": prefill_s, "same_tokens": same,
@@ -147,6 +173,8 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
                      "overhead_every_step": paired["pvm_every_step"]["median"],
                      "overhead_every_step_interval": [paired["pvm_every_step"]["low"],
                                                       paired["pvm_every_step"]["high"]],
+                     "blocks_ms": statistics.median(inside) * 1e3, "blocks_share": own["median"],
+                     "blocks_share_interval": [own["low"], own["high"]],
                      "lm_head_ms": head_s * 1e3, "layer_ms": layer_s * 1e3,
                      "projected_36_layers_overhead_once": (med["pvm_once"] - med["base"]) / full,
                      "projected_36_layers_overhead_every_step": (med["pvm_every_step"] - med["base"]) / full})
@@ -158,10 +186,11 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
     print(f"{name}: Qwen3-VL-shaped text model (width {shape['hidden']}, {layers} layers, vocabulary "
           f"{shape['vocab']:,}), {visual} visual tokens, released PVM blocks on layers {pvm_layers}; ms per cached "
           f"decode step (median of {repeats}); overhead: the median over the {repeats} repeats of each repeat's ratio "
-          "to the base (the arms interleaved), with its order-statistic 95% interval")
-    print(f"{'batch':>5s} {'base':>7s} {'PVM once':>9s} {'overhead [95% interval]':>27s} {'every step':>11s} "
-          f"{'overhead [95% interval]':>27s}" + (f" {str(shape['layers']) + ' layers: once':>16s} {'every step':>11s}"
-                                                 if layers < shape["layers"] else ""))
+          "to the base (the arms interleaved), with its order-statistic 95% interval; in blocks: ms a step spends "
+          "inside the three PVM blocks (memory projected once), and its share of the same repeat's base step")
+    print(f"{'batch':>5s} {'base':>7s} {'PVM once':>9s} {'overhead [95% interval]':>27s} {'in blocks':>10s} "
+          f"{'share [95% interval]':>27s} {'every step':>11s} {'overhead [95% interval]':>27s}"
+          + (f" {str(shape['layers']) + ' layers: once':>16s} {'every step':>11s}" if layers < shape["layers"] else ""))
 
     def pct(value, interval) -> str:
         spread = "n/a" if interval[0] is None else f"{interval[0]:+.1%}, {interval[1]:+.1%}"
@@ -169,7 +198,8 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
 
     for r in rows:
         print(f"{r['batch']:5d} {r['base_ms']:7.1f} {r['pvm_once_ms']:9.1f} "
-              f"{pct(r['overhead_once'], r['overhead_once_interval']):>27s} {r['pvm_every_step_ms']:11.1f} "
+              f"{pct(r['overhead_once'], r['overhead_once_interval']):>27s} {r['blocks_ms']:10.2f} "
+              f"{pct(r['blocks_share'], r['blocks_share_interval']):>27s} {r['pvm_every_step_ms']:11.1f} "
               f"{pct(r['overhead_every_step'], r['overhead_every_step_interval']):>27s}"
               + (f" {r['projected_36_layers_overhead_once']:+16.1%} {r['projected_36_layers_overhead_every_step']:+11.1%}"
                  if layers < shape["layers"] else ""))
