@@ -37,8 +37,9 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
 
 def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Qwen-style RMSNorm: computed in (at least) fp32, cast back, then scaled (``weight``: None for the affine-free
-    norm). In fp32 with no gradient recorded (decoding) it is torch's fused kernel: one operation instead of eight,
-    equal bit for bit in fp32 (tested); training keeps the steps below, whose backward the pinned runs were made with."""
+    norm). In fp32 with no gradient recorded (decoding) it is torch's ``rms_norm``: one call instead of eight (its steps
+    run inside ATen; about 13 us against 17-21 us on a decode step's tensors on the CPU), equal bit for bit in fp32
+    (tested); training keeps the steps below, whose backward the pinned runs were made with."""
     if x.dtype == torch.float32 and not torch.is_grad_enabled():
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
