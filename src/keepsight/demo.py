@@ -83,10 +83,10 @@ EXPERIMENTS: dict[str, Experiment] = {
 PVM_BLOCK = PVMConfig()
 PVM_SFT = PVMTrainConfig(warmup_ratio=0.1)
 
-# LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
 # the training-free baselines at their released defaults
 RELEASED_BASELINES = {k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")}
 
+# LIA-MTR's readings of "log-linearly spaced" decays and a "token-wise" gate (LiaMtrConfig.lambda_spacing / gate)
 LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda_spacing": "half_life", "gate": "token"})
 
 

@@ -289,7 +289,7 @@ def _make_ffn_hook(model, key: str):
                                    "tokens")
             text_mask = text_mask[:, -query.shape[1]:]  # a KV-shared layer's positions: the last ones
         block = model.pvm[key]
-        projected, extra_kwargs = None, {}
+        projected, extra_kwargs, given = None, {}, text_mask
         if st.config.cache_visual and not torch.is_grad_enabled():  # inference: the visual side once per sequence
             projected = mem.projected.get(key)
             if projected is None:
@@ -302,7 +302,8 @@ def _make_ffn_hook(model, key: str):
                 extra_kwargs["masks"] = masks
                 if st.text_all is None:  # once per forward: every position may receive PVM (decoding: the usual)
                     st.text_all = bool(st.text_mask.all())
-        given = None if extra_kwargs and st.text_all else text_mask  # None: no multiply by ones (the same bits)
+                if st.text_all:
+                    given = None  # no multiply by ones (the same bits)
         extra, weights = block(query, mem.visual, mem.visual_mask, given, projected, return_weights=True,
                                **extra_kwargs)
         if st.record_norms:

@@ -104,7 +104,8 @@ def plot_seeds(agg: dict, experiment: str, path: str | Path) -> Path | None:
     """Accuracy of a visual question as text grows, per arm of ``experiment``, mean and 95% interval over the seeds
     (``plot_text_regimes`` on the aggregate; the PVM experiment's oracle dashed). None when fewer than 2 seeds."""
     data = agg.get(experiment, {})
-    if agg.get("n_seeds", 0) < 2 or not _arms(data):
+    names = _arms(data)
+    if agg.get("n_seeds", 0) < 2 or not names:
         return None
 
     def by_length(prefix: str) -> dict:
@@ -112,7 +113,7 @@ def plot_seeds(agg: dict, experiment: str, path: str | Path) -> Path | None:
                 if k.startswith(prefix) and k.endswith(".acc")}
 
     arms = {}
-    for arm in _arms(data):
+    for arm in names:
         steps = {step: data.get(f"arms.{arm}.after_description.{step}.acc") for step, _ in REGIME_STEPS}
         arms[arm] = {"history": {"by_length": by_length(f"arms.{arm}.history.by_length.")},
                      **({"after_description": {s: _ci_rate(v) for s, v in steps.items()}}
