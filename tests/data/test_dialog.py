@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from keepsight.data import VLMCollator
-from keepsight.metrics import mean_ci, paired_bootstrap, separated, wilson
+from keepsight.metrics import mean_ci, paired_bootstrap, wilson
 from keepsight.world import generate_scenes, world_config
 from keepsight.world.dialog import (
     PROBE_CATEGORIES,
@@ -192,8 +192,6 @@ def test_interval_statistics_on_hand_made_cases():
     ci = mean_ci([0.70, 0.80, 0.90])  # sd 0.1, t(2) = 4.303: half-width 0.248
     assert ci["mean"] == pytest.approx(0.8) and ci["high"] - ci["mean"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
     assert mean_ci([0.5])["low"] == 0.5 and mean_ci([])["mean"] is None
-    assert separated(mean_ci([0.9, 0.91, 0.92]), mean_ci([0.5, 0.51, 0.52])) == 1
-    assert separated(mean_ci([0.5, 0.9]), mean_ci([0.6, 0.7])) == 0 and separated(mean_ci([0.9]), mean_ci([0.1])) == 0
     boot = paired_bootstrap([1, 1, 1, 0], [0, 0, 1, 0])
     assert boot["diff"] == pytest.approx(0.5) and boot["low"] <= 0.5 <= boot["high"] and boot["n"] == 4
     assert paired_bootstrap([1, 1], [1, 1])["low"] == 0.0
@@ -215,8 +213,9 @@ def test_aggregate_over_seeds_gives_intervals_paired_differences_and_verdicts():
     agg = aggregate([seed(0.70, 0.90), seed(0.71, 0.91), seed(0.72, 0.92)])
     assert agg["n_seeds"] == 3
     assert agg["base"]["yes_no.overall_acc"]["values"] == [0.70, 0.71, 0.72]
-    assert agg["verdicts"]["pvm"]["pvm_sft"]["yes_no_acc"] == 1  # 0.91 +- 0.025 lies above 0.71 +- 0.025
-    assert agg["verdicts"]["pvm"]["pvm_sft"]["history_drop"] == 0  # equal drops: no verdict
+    # 0.2 above the base on every seed; no per-seed verdicts (the comparison has no intervals within a seed)
+    assert agg["verdicts"]["pvm"]["pvm_sft"]["yes_no_acc"] == {"over_seeds": 1, "per_seed": []}
+    assert agg["verdicts"]["pvm"]["pvm_sft"]["history_drop"]["over_seeds"] == 0  # equal drops: no verdict
     md = seeds_markdown(agg)
     assert "| yes/no, all | 0.710 [0.685, 0.735] | 0.700 / 0.710 / 0.720 |" in md
     # the per-seed differences are all 0.2: the paired interval has no width
@@ -302,4 +301,15 @@ def test_description_regime_claims_from_one_seed_and_from_several():
     assert rows["Premise: a visual answer degrades after the model's own description"]["verdict"] == "reproduced"
     limited = rows["Premise: access to the image limits that regime"]
     assert limited["verdict"] == "not reproduced (interval includes 0)" and limited["ours"].startswith("0.003 [")
+    # drops of 0.10 / 0.45 / 0.12, each with its interval above 0: the t interval of three drops holds 0, each seed
+    # alone shows it; recoveries above 0 on two seeds of three
+    spread = [seed(0.10, 0.09, 0.65, 0.65), seed(0.45, 0.44, 0.66, 0.66), seed(0.12, 0.05, 0.64, 0.64)]
+    agg = aggregate(spread)
+    assert agg["seed_intervals"]["base"]["after_description.drop"][1]["low"] == pytest.approx(0.38)
+    rows = {r["claim"].split(" (")[0]: r for r in claims_table({**spread[0], "aggregate": agg})}
+    premise = rows["Premise: a visual answer degrades after the model's own description"]
+    assert premise["ours"].startswith("0.223 [-0.") and premise["verdict"] == (
+        "reproduced on each of the 3 seeds (each seed's own interval above 0)")
+    assert rows["Premise: access to the image limits that regime"]["verdict"] == (
+        "partly (2 of 3 seeds' own intervals above 0)")
     assert {r["claim"]: r for r in claims_table(res)}[claim]["verdict"] == "reproduced (higher)"

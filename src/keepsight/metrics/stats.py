@@ -66,18 +66,6 @@ def mean_ci(values: Sequence[float]) -> dict:
     return {"mean": m, "low": m - half, "high": m + half, "n": len(vals), "values": vals}
 
 
-def separated(a: dict, b: dict) -> int:
-    """+1 when interval ``a`` lies wholly above ``b``, -1 wholly below, 0 when they overlap (or either has one
-    value: no verdict without a spread)."""
-    if min(a.get("n", 0), b.get("n", 0)) < 2 or a["mean"] is None or b["mean"] is None:
-        return 0
-    if a["low"] > b["high"]:
-        return 1
-    if a["high"] < b["low"]:
-        return -1
-    return 0
-
-
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 2000, seed: int = 0) -> dict:
     """Mean of ``a - b`` over paired items (the same items under two conditions) with a 95% percentile
     bootstrap interval: ``{"diff", "low", "high", "n"}``."""

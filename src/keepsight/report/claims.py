@@ -1,14 +1,16 @@
 """The claims table: each headline claim of the PVM and LIA-MTR papers, the paper's number, ours, a verdict,
-and the command that produced ours. A comparison between arms gets a verdict only from several seeds whose
-95% intervals separate (``keepsight demo --profile seeds``); from one seed it is reported without one."""
+and the command that produced ours. A comparison between arms gets a verdict only from several seeds: the interval of
+the per-seed differences excludes 0, or every seed's own intervals separate; from one seed it is reported without
+one."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from ..experiments.aggregate import seed_signs
 from .html import fmt, table
-from .seeds import fmt_ci
+from .seeds import fmt_ci, verdict_words
 
 DEMO = "keepsight demo"
 
@@ -30,8 +32,12 @@ def _compare(results: dict, experiment: str, arm: str, metric: str, value_path: 
         ours = fmt_ci(ci)
         if v is None:
             return ours, "no verdict"
-        return ours, {1: "reproduced (higher)", 0: "not reproduced (no separable difference)",
-                      -1: "not reproduced (lower)"}[v]
+        words = verdict_words(v)
+        if words.startswith("higher"):
+            return ours, f"reproduced ({words})"
+        if words.startswith("lower"):
+            return ours, f"not reproduced ({words})"
+        return ours, "not reproduced (no separable difference" + words[len("no verdict"):].replace(" (", "; ", 1)
     value = _get(results, experiment, *value_path)
     return fmt(value), "no verdict (one seed)"
 
@@ -51,6 +57,23 @@ def profile_command(profile: str | None) -> str:
     return DEMO if profile in (None, "full") else f"{DEMO} --profile {profile}"
 
 
+def premise_verdict(over_seeds: dict | None, per_seed: list[dict] | None) -> str | None:
+    """The verdict on an effect measured on each seed with its own 95% interval (a drop, a recovery): reproduced when
+    the t interval over the seeds lies above 0, or when every seed's own interval does; partly when some seeds'
+    do. None: one seed (no verdict)."""
+    if not over_seeds or over_seeds["n"] < 2:
+        return None
+    if over_seeds["low"] > 0:
+        return "reproduced"
+    signs = seed_signs(per_seed or [])
+    n, ups = len(signs), signs.count(1)
+    if n > 1 and ups == n:
+        return f"reproduced on each of the {n} seeds (each seed's own interval above 0)"
+    if ups:
+        return f"partly ({ups} of {n} seeds' own intervals above 0)"
+    return "not reproduced (interval includes 0)"
+
+
 def _description_regime_claims(results: dict, command: str) -> list[dict]:
     """The generated-text regime (the PVM paper's setting): the premise (a visual answer degrades after the model's own
     description), that access to the image limits it (the oracle, the image shown again, recovers the drop), and PVM's
@@ -59,6 +82,7 @@ def _description_regime_claims(results: dict, command: str) -> list[dict]:
     if not ad:
         return []
     agg = _get(results, "aggregate", "base") or {}
+    kept = _get(results, "aggregate", "seed_intervals", "base") or {}
     rows = []
     for claim, key, paper in (
             ("Premise: a visual answer degrades after the model's own description (accuracy with no text minus after "
@@ -66,12 +90,12 @@ def _description_regime_claims(results: dict, command: str) -> list[dict]:
             ("Premise: access to the image limits that regime (the image shown again after the description recovers "
              "accuracy)", "recovery", "the paper's motivation")):
         many = agg.get(f"after_description.{key}.diff")
-        if many and many["n"] > 1:
-            ours, sig = fmt_ci(many), many["low"] > 0
+        verdict = premise_verdict(many, kept.get(f"after_description.{key}"))
+        if verdict is None:
+            ours = f"{ad[key]['diff']:+.3f} [{ad[key]['low']:+.3f}, {ad[key]['high']:+.3f}] (one seed)"
+            verdict = "no verdict (one seed)"
         else:
-            ours, sig = f"{ad[key]['diff']:+.3f} [{ad[key]['low']:+.3f}, {ad[key]['high']:+.3f}] (one seed)", None
-        verdict = ("no verdict (one seed)" if sig is None else "reproduced" if sig
-                   else "not reproduced (interval includes 0)")
+            ours = fmt_ci(many)
         rows.append({"claim": claim, "paper": paper, "ours": ours, "verdict": verdict, "command": command})
     if "pvm" in results:
         long_rel = results["pvm"]["paper"]["long_rel"]
@@ -81,6 +105,38 @@ def _description_regime_claims(results: dict, command: str) -> list[dict]:
                              ["comparison", "base", "description_regime_acc"])[0]
         rows.append({"claim": "PVM (SFT + GRPO) improves a visual answer after the model's own description",
                      "paper": f"+{100 * long_rel:.1f}% (long answers)", "ours": f"{ours} vs base {base_ours}",
+                     "verdict": verdict, "command": command})
+    return rows
+
+
+def _control_claims(results: dict, command: str) -> list[dict]:
+    """PVM's mechanism control: with the image's tokens withheld from the language model, stage 1 lifts the
+    prior-balanced yes/no (on which text alone scores 0.5) above the text-only level, and the LoRA trained the same
+    way does not."""
+    arms = _get(results, "control", "arms")
+    if not arms or "pvm_sft" not in arms:
+        return []
+    rows = []
+    for arm, claim, wants in (
+            ("pvm_sft", "Mechanism: PVM's memory alone carries the image (its tokens withheld from the language "
+                        "model, stage 1 lifts prior-balanced yes/no above the text-only level)", 1),
+            ("lora", "Mechanism control: the matched LoRA, with no path to the image, stays at the text-only level",
+             0)):
+        if arm not in arms:
+            continue
+        ours, verdict = _compare(results, "control", arm, "yes_no_acc", ["arms", arm, "all", "acc"])
+        base = _compare(results, "control", "base", "yes_no_acc", ["arms", "base", "all", "acc"])[0]
+        if "aggregate" not in results or not _get(results, "aggregate", "control"):
+            a, b = arms[arm]["all"], arms["base"]["all"]  # one seed: its Wilson intervals
+            above = a["low"] > b["high"]
+            ours = f"{a['acc']:.3f} [{a['low']:.3f}, {a['high']:.3f}] vs text only {b['acc']:.3f}"
+            verdict = f"{'reproduced' if above == bool(wants) else 'not reproduced'} (one seed)"
+        else:
+            ours = f"{ours} vs text only {base}"
+            if not wants:  # the LoRA's claim is the absence of a difference
+                verdict = "reproduced (no separable difference)" if "no separable" in verdict else (
+                    "not reproduced" + verdict[verdict.index(" ("):])
+        rows.append({"claim": claim, "paper": "implied (a memory of the visual embeddings)", "ours": ours,
                      "verdict": verdict, "command": command})
     return rows
 
@@ -113,13 +169,15 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
     if drop and drop.get("diff") is not None:
         lengths = results["base"]["history"]["lengths"]
         agg_drop = _get(results, "aggregate", "base", "history.drop.diff")
-        ours = (fmt_ci(agg_drop) if agg_drop else
-                f"{drop['diff']:+.3f} [{drop['low']:+.3f}, {drop['high']:+.3f}]")
-        sig = (agg_drop["low"] > 0) if agg_drop and agg_drop["n"] > 1 else drop["low"] > 0
+        verdict = premise_verdict(agg_drop, _get(results, "aggregate", "seed_intervals", "base", "history.drop"))
+        if verdict is None:  # one seed: its own paired interval
+            ours = f"{drop['diff']:+.3f} [{drop['low']:+.3f}, {drop['high']:+.3f}]"
+            verdict = "reproduced" if drop["low"] > 0 else "not reproduced (no significant drop)"
+        else:
+            ours = fmt_ci(agg_drop)
         rows.append({"claim": f"Premise: a visual answer degrades as text history grows (accuracy at h = {lengths[0]} "
                               f"minus h = {lengths[-1]} turns)", "paper": "implied (short vs long answers)",
-                     "ours": ours, "verdict": "reproduced" if sig else "not reproduced (no significant drop)",
-                     "command": command})
+                     "ours": ours, "verdict": verdict, "command": command})
     rows += _description_regime_claims(results, command)
     if "pvm" in results:
         paper = results["pvm"]["paper"]
@@ -137,6 +195,7 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
                          "paper": "earlier", "ours": f"{fmt(pvm_conv)} vs base {fmt(base_conv)} (mean layer)",
                          "verdict": "reproduced" if pvm_conv < base_conv - 0.05 else "not reproduced",
                          "command": command})
+    rows += _control_claims(results, command)
     rows.append({"claim": "PVM adds about 0.32% parameters to Qwen3-VL-8B (3 released blocks, pvm_hidden_size 512)",
                  "paper": "0.32%", "ours": "0.32% (27.92M of 8.76B)", "verdict": "reproduced",
                  "command": "pytest -s tests/pvm/test_pvm_released.py -k qwen3vl_8b"})

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..experiments.aggregate import VERDICTS
-from ..metrics import mean_ci
+from ..experiments.aggregate import VERDICTS, paired
 from .html import img_tag, table
 from .plots import plot_text_regimes
 
@@ -20,7 +19,22 @@ def fmt_ci(ci: dict | None, digits: int = 3) -> str:
     return f"{ci['mean']:.{digits}f} [{ci['low']:.{digits}f}, {ci['high']:.{digits}f}]"
 
 
-VERDICT = {1: "higher", -1: "lower", 0: "no verdict (intervals overlap)"}
+def verdict_words(v: dict) -> str:
+    """An aggregate verdict (``{"over_seeds", "per_seed"}``) in words: "higher" / "lower" over the seeds; else
+    "higher on each of the N seeds" when every seed's own intervals separate the same way; else no verdict, naming
+    the seeds that separate."""
+    over, each = v["over_seeds"], v["per_seed"]
+    if over:
+        return "higher" if over > 0 else "lower"
+    n, ups, downs = len(each), each.count(1), each.count(-1)
+    if n > 1 and (ups == n or downs == n):
+        return f"{'higher' if ups else 'lower'} on each of the {n} seeds (each seed's own intervals apart)"
+    if ups or downs:
+        parts = [f"{word} on {k} of {n} seeds" for word, k in (("higher", ups), ("lower", downs)) if k]
+        return f"no verdict ({', '.join(parts)})"
+    return "no verdict (the paired difference holds 0)"
+
+
 BASE_ROWS = [("yes/no, all", "yes_no.overall_acc"),
              *[(f"yes/no, {c}", f"yes_no.categories.{c}.acc")
                for c in ("colour", "count", "existence", "position", "scene", "shape")],
@@ -37,13 +51,6 @@ BASE_ROWS = [("yes/no, all", "yes_no.overall_acc"),
 
 def _per_seed(ci: dict | None) -> str:
     return " / ".join(f"{x:.3f}" for x in (ci or {}).get("values", []))
-
-
-def _paired(a: dict | None, b: dict | None) -> dict | None:
-    """Mean [95% t interval] of the per-seed differences a - b (the arms share each seed's base and data)."""
-    if not a or not b or len(a["values"]) != len(b["values"]) or not a["values"]:
-        return None
-    return mean_ci([x - y for x, y in zip(a["values"], b["values"])])
 
 
 def base_rows(agg: dict) -> list[list]:
@@ -63,7 +70,7 @@ def comparison_rows(agg: dict) -> list[list]:
                 a = agg[experiment].get(template.format(arm=arm))
                 b = agg[experiment].get(template.format(arm=spec["ref"]))
                 rows.append([experiment, arm, metric, fmt_ci(a), f"{spec['ref']} {fmt_ci(b)}",
-                             fmt_ci(_paired(a, b)), VERDICT[v]])
+                             fmt_ci(paired(a, b)), verdict_words(v)])
     return rows
 
 
@@ -131,8 +138,9 @@ def seeds_sections(agg: dict, out_dir: str | Path | None = None) -> list[tuple[s
     """The seeds' report sections; ``out_dir``: where the plots over seeds are written (None: no plots)."""
     n = agg["n_seeds"]
     intro = (f"<p>{n} base seeds (model initialisation and data order), every arm trained and scored on each. "
-             "Mean with a 95% t interval over the seeds; a verdict only where two arms' intervals do not "
-             "overlap; the paired difference is the interval of the per-seed differences.</p>")
+             "Mean with a 95% t interval over the seeds. An arm is higher or lower than its reference where the "
+             "interval of the per-seed differences (the paired difference) excludes 0, and higher or lower on "
+             "each seed where every seed's own 95% intervals of the two arms separate.</p>")
     sections = [("Seeds: base model", intro + table(["metric", "mean [95% interval]", "per seed"], base_rows(agg))),
                 ("Seeds: comparisons", table(COMPARE_HEADER, comparison_rows(agg)))]
     header, rows = history_rows(agg)
@@ -157,8 +165,9 @@ def seeds_markdown(agg: dict) -> str:
     n = agg["n_seeds"]
     lines = ["", f"Base model over {n} seeds (mean [95% t interval]; per seed):", "",
              *_md_table(["metric", "mean [95% interval]", "per seed"], base_rows(agg)), "",
-             f"Comparisons over {n} seeds; a verdict only where the two intervals separate (the paired difference "
-             "is the interval of the per-seed differences):", "",
+             f"Comparisons over {n} seeds: higher or lower where the paired difference (the 95% interval of the "
+             "per-seed differences) excludes 0; on each seed where every seed's own intervals of the two arms "
+             "separate:", "",
              *_md_table(COMPARE_HEADER, comparison_rows(agg))]
     header, rows = history_rows(agg)
     if rows:
