@@ -183,10 +183,12 @@ PROFILES = {
                                     train=GROUNDED_RECIPE, seeds=(0, 1, 2), control=PVMControl(pvm=PVM_BLOCK)),
     # `--profile regime`: the regime recipe's base (RoPE base 300: a visual answer falls after the model's own
     # description, and the image shown again recovers most of it), 3 seeds; in that regime every PVM arm (with the
-    # LoRA control and full fine-tuning) and each training-free baseline at its released defaults
+    # LoRA control and full fine-tuning) and each training-free baseline at its released defaults; and on the same
+    # bases PVM's mechanism control (the image only in PVM's memory)
     "regime": DemoProfile(name="regime", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE, seeds=(0, 1, 2),
                           pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
-                          baselines=BaselinesExperiment(arms=RELEASED_BASELINES, beam_arms={}, pvm=None)),
+                          baselines=BaselinesExperiment(arms=RELEASED_BASELINES, beam_arms={}, pvm=None),
+                          control=PVMControl(pvm=PVM_BLOCK)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(

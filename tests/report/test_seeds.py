@@ -66,3 +66,4 @@ def test_the_regime_profile_runs_every_arm_on_three_seeds_of_the_regime_recipe()
     assert p.seeds == (0, 1, 2) and p.train.preset == "tiny-llava-r300"
     assert p.pvm is not None and p.pvm.finetune is not None and p.pvm.grpo.steps > 0
     assert p.baselines.arms == RELEASED_BASELINES and all(settings == {} for _, settings in p.baselines.arms.values())
+    assert p.control is not None and p.control.pvm == p.pvm.pvm  # the mechanism control of the same block

@@ -16,7 +16,9 @@ def add_parser(sub) -> None:
                    "readings vs the MLP; diffusion: the varied-description regime on an 8-layer LLaDA-V with every "
                    "MPS / MRS setting; baselines: VCD, PAI, MemVR, DeCo, OPERA beside PVM; control: PVM's mechanism "
                    "control (the image only in PVM's memory, against the matched LoRA); control-grounded: the same on the grounded "
-                   "base, 3 seeds, on a prior-balanced yes/no set (about 65 minutes); extended: a 6-layer base and "
+                   "base, 3 seeds, on a prior-balanced yes/no set (about 65 minutes); regime: the regime recipe's base (a "
+                   "visual answer falls after the model's own description, the image again recovers it), 3 seeds, every "
+                   "PVM arm, the released baselines and the control there (about 110 minutes); extended: a 6-layer base and "
                    "the PVM arms; smoke: tiny budgets (= --smoke)")
     d.add_argument("--runs", default="runs", help="where runs and the model cache live")
     d.add_argument("--name", type=run_name, help="run name (default: the profile); a plain name inside --runs")
