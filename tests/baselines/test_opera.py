@@ -103,7 +103,8 @@ def test_generate_api_and_stats_on_the_release_case(released):
     # prompt (with its image), the generated ids, then the last token (2 forwards where no such id was generated)
     assert s["rollbacks"] == meta["results"]["threshold3"]["rollbacks"] and s["rollback_forwards"] == 3 * s["rollbacks"]
     assert s["candidate_forwards"] == 5 * steps
-    assert s["forwards"] == steps + s["candidate_forwards"] + s["rollback_forwards"]  # prefill + one per later step
+    # a step: the fed token (the prefill at the first), then its 5 candidates in one forward (the release: 5)
+    assert s["forwards"] == steps + steps + s["rollback_forwards"]
     assert s["changed_argmax"] is None and s["mean_logit_shift"] is None  # no plain logits to compare with
 
 

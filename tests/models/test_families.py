@@ -234,6 +234,43 @@ def test_opera_rows_alone_equal_the_batch(family):
     assert opera.stats()["rows"] == 4 and opera.stats()["steps"] > 0
 
 
+def test_opera_candidates_in_one_forward_equal_one_forward_each(family, monkeypatch):
+    """OPERA scores its candidates in one forward (the beams' cache repeated for each) where the release runs one
+    forward per candidate: every beam step (tokens, parents, the over-trust location) is the same both ways and the
+    beam scores agree to float32 rounding (a batch of 6 rows is not summed in the same order as one of 2), on every
+    family (M-RoPE offsets, sliding windows, and a recurrent stack, which keeps one forward each)."""
+    from keepsight.baselines import opera as opera_module
+
+    kind, _, model, processor, _, rows = family
+    if support(kind)["opera"] is not None:
+        return  # refused: test_opera_rows_alone_equal_the_batch
+    config = opera_module.OPERAConfig(num_beams=2, num_attn_candidates=3, threshold=None)
+
+    def steps():
+        trace, stats = [], {}
+        new, _ = opera_module.opera_beam_search(model, dict(rows[0]), 4, config, stats=stats, trace=trace)
+        return new, trace, stats["forwards"]
+
+    together, trace, forwards = steps()
+    monkeypatch.setattr(opera_module, "CANDIDATES_PER_FORWARD", 1)
+    alone, trace_alone, forwards_alone = steps()
+    assert torch.equal(together, alone)
+    assert [{k: v for k, v in s.items() if k != "scores"} for s in trace] == [
+        {k: v for k, v in s.items() if k != "scores"} for s in trace_alone]
+    torch.testing.assert_close(torch.tensor([s["scores"] for s in trace]),
+                               torch.tensor([s["scores"] for s in trace_alone]), rtol=1e-5, atol=1e-6)
+    assert forwards < forwards_alone or not opera_module._repeatable(_cache_of(model, rows[0]))
+
+
+def _cache_of(model, inputs):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(**inputs, cache=cache, use_cache=True)
+    return cache
+
+
 def test_opera_candidate_forwards_leave_no_trace(family):
     """OPERA runs each candidate on the step's cache and must then put the cache back exactly: attention layers (past
     a sliding window too: the cache is first extended beyond it) and recurrent layers (Qwen3.5's Gated DeltaNet,

@@ -57,8 +57,9 @@ is (default: the released LLaVA-1.5 path's, each image one token).
     print(opera.stats())                   # steps, candidate forwards, rollbacks, ...
 
 ``stats()``: ``forwards`` (every model forward OPERA ran), ``rows``, ``acted`` = ``steps`` (beam steps), and
-``candidate_forwards``, ``rollbacks``, ``rollback_forwards`` (the cache rebuilds), ``banned_candidates`` (candidate
-scores an infinite over-trust penalty set to -inf), ``delegated_rows`` (rows the model's own beam search ran, off).
+``candidate_forwards`` (candidates scored, up to ``CANDIDATES_PER_FORWARD`` in a forward), ``rollbacks``,
+``rollback_forwards`` (the cache rebuilds), ``banned_candidates`` (candidate scores an infinite over-trust penalty set
+to -inf), ``delegated_rows`` (rows the model's own beam search ran, off).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from typing import ClassVar
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..checks import number
 from ..models.arch import arch_info, rope_state_kept
@@ -78,6 +80,10 @@ from .base import Baseline
 WINDOW = 512  # U:3134 ``window_size``: sizes the history buffers; generate() never forwards it (U:1648-1665)
 FIRST = 10  # U:3440 ``cur_response_lens <= 10``: image-attention bonus; U:3460 ``rollback_loc < 10``: no rollback
 FLOOR = -999.0  # U:3543-3552 / U:3556: the floor of rejected and non-candidate tokens
+# candidates scored in one forward (the beams' cache repeated for each): the release runs one forward per candidate;
+# a row of the batch computes what it computes alone, so the tokens are the release's (the parity fixtures); every
+# token a candidate (num_attn_candidates None) goes in forwards of this many
+CANDIDATES_PER_FORWARD = 8
 SCORED_PROMPT = ("llava", "embeds", "full")
 GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "pad_token_id", "eos_token_id",
                     "bos_token_id", "generation_config", "use_cache", "output_attentions", "temperature", "top_p",
@@ -321,6 +327,13 @@ class _AttentionTap:
         self.config._attn_implementation = self.saved
 
 
+def _repeatable(cache) -> bool:
+    """Whether every layer of ``cache`` holds plain key / value tensors that ``batch_repeat_interleave`` repeats (full
+    and sliding-window attention); a recurrent layer's states (Qwen3.5's Gated DeltaNet) are not, so there each
+    candidate gets its own forward."""
+    return all(isinstance(layer, DynamicLayer) for layer in cache.layers)
+
+
 def _replay(rows: list, k: int, prompt: int, dtype, device) -> torch.Tensor:
     """The response rows of the release's ``attn_previous`` after the logged steps: each step pads a zero key column,
     reorders the rows with the beams and appends the fed token's row (U:3348-3357). [K, 1, t, P + t]."""
@@ -403,14 +416,21 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
                          beam_next_tokens=None if beam_next_tokens is None else beam_next_tokens.clone(),
                          beam_idx=None if beam_idx is None else beam_idx.clone())
 
-            # U:3382-3411: one forward per candidate on the step's cache; its last-layer row (max over heads)
+            # U:3382-3411: each candidate appended to the step's cache; its last-layer row (max over heads). The
+            # release runs one forward per candidate; here up to CANDIDATES_PER_FORWARD of them go in one forward,
+            # the cache repeated for each (row k * m + c: beam k, candidate c), where every cache layer can be
             padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
             attn_last = []
             mark = _CacheMark(cache)  # the release's cache is a tuple the candidate forward never extends
-            for c in range(n):
-                forward({"input_ids": cand_tokens[:, c: c + 1]}, cache)
+            chunk = CANDIDATES_PER_FORWARD if _repeatable(cache) else 1
+            for c in range(0, n, chunk):
+                m = min(chunk, n - c)
+                if m > 1:
+                    cache.batch_repeat_interleave(m)
+                forward({"input_ids": cand_tokens[:, c: c + m].reshape(k * m, 1)}, cache)
                 mark.restore()
-                attn_last.append(torch.cat([padded, head_max()], -2))  # [K, 1, t + 1, P + t + 1]
+                rows = head_max().view(k, m, 1, -1)  # [K, m, 1, P + t + 1]
+                attn_last.append(torch.cat([padded.expand(k, m, *padded.shape[2:]), rows], -2))
             st["candidate_forwards"] += n
             attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
             attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
