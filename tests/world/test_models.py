@@ -1,3 +1,5 @@
+"""The world's tiny models: its tokenizer and processor, every preset built, saved and reloaded."""
+
 import pytest
 import torch
 
