@@ -23,7 +23,10 @@ the last layer and the head), loads the tiny weights strictly, and records per i
 ``process_images``, the prompt ids of ``tokenizer_image_token``, each view's pooled features
 (``get_2dPool``), the packed image features ``prepare_inputs_labels_for_multimodal`` splices in, the logits of one
 forward of the prompt and ``GEN`` mask slots, and the release's ``generate`` (``GEN`` slots, one block, one slot a
-step, temperature 0; every step's slots) with ``prefix_lm`` False and True, plus the first Prefix-DLM step's logits.
+step, temperature 0; every step's slots) with ``prefix_lm`` False and True, plus the first Prefix-DLM step's logits;
+and as ``predict.py`` calls it (Prefix-DLM, ``step_ratio`` 0.5, ``schedule="shift"``, shift 3 and the COCO
+evaluation's 0.33) on ``SHIFT_GEN`` slots. Besides, the release's slots per step (``get_num_transfer_tokens_sch``)
+for the ``SCHEDULES`` cases.
 
 What had to be adapted for a tiny tower (each is a constant of SigLIP so400m in the release, not a computation; all
 recorded in ``meta.json``): the tower object reports the geometry of a default ``SigLipVisionConfig()`` (so400m: 384
@@ -62,6 +65,14 @@ PINS = ("torch==2.13.0", "transformers==4.50.3", "safetensors", "numpy", "pillow
 SIZES = ((56, 56), (112, 40), (30, 90), (200, 200))  # (width, height): square, wide, tall, large
 QUESTION = "describe the scene ."
 GEN = BLOCK = 8  # slots, one block, one slot a step (the release's steps = max_new_tokens)
+# the release's noise schedules of slots per step (get_num_transfer_tokens_sch): name -> (slots, steps, schedule, shift)
+SCHEDULES = {"shift3_16_8": (16, 8, "shift", 3.0), "shift033_16_8": (16, 8, "shift", 0.33),
+             "shift3_64_32": (64, 32, "shift", 3.0), "shift033_64_32": (64, 32, "shift", 0.33),
+             "shift3_37_11": (37, 11, "shift", 3.0), "logit_normal_64_32": (64, 32, "logit_normal", 3.0),
+             "cosine_64_32": (64, 32, "cosine", 3.0), "cosine_37_11": (37, 11, "cosine", 3.0),
+             "linear_37_11": (37, 11, "linear", 3.0)}
+# and its generate on them as predict.py calls it (prefix_lm, step_ratio 0.5, schedule "shift"): 16 slots in 8 steps
+SHIFT_GEN, SHIFT_RATIO = 16, 0.5
 SEED = 0
 TOWER = "siglip-tower"  # official_lavida_files' tower directory (OFFICIAL_TOWER_DIR)
 
@@ -157,7 +168,8 @@ def setup(work: Path) -> dict:
     assert all(render_prompt(processor, Sample.single_turn(QUESTION, image=im)) == prompt for im in images)
     setting = {"prompt": prompt, "question": QUESTION, "view": LAVIDA_TINY_VIEW, "sizes": [list(s) for s in SIZES],
                "mask_token_id": int(model.config.text_config.mask_token_id), "gen_length": GEN,
-               "block_length": BLOCK, "steps": GEN}
+               "block_length": BLOCK, "steps": GEN, "shift_gen_length": SHIFT_GEN, "shift_step_ratio": SHIFT_RATIO,
+               "schedules": {k: list(v) for k, v in SCHEDULES.items()}}
     (work / "setting.json").write_text(json.dumps(setting))
     return {**setting, "state_digest": state_digest(model.state_dict()),
             "image_digests": [image_digest(im) for im in images], "torch_threads": torch.get_num_threads()}
@@ -331,14 +343,25 @@ def run_reference(work: Path) -> None:
                                                 prefix_lm=prefix_lm, mask_id=mask_id, verbose=True)
                 runs[name] = torch.stack([h[0, -GEN:] for h in history])  # [steps, GEN]: the slots after each step
                 assert torch.equal(runs[name][-1], final[0, -GEN:])
+            for name, shift in (("shift3", 3.0), ("shift033", 0.33)):
+                final, history = model.generate(ids, images=images, image_sizes=[image.size], modalities=["image"],
+                                                max_new_tokens=SHIFT_GEN, block_length=SHIFT_GEN, temperature=0.0,
+                                                prefix_lm=True, mask_id=mask_id, verbose=True, step_ratio=SHIFT_RATIO,
+                                                schedule="shift", schedule_kwargs={"shift": shift})
+                runs[name] = torch.stack([h[0, -SHIFT_GEN:] for h in history])  # [steps, SHIFT_GEN]
+                assert torch.equal(runs[name][-1], final[0, -SHIFT_GEN:])
         out.update({f"views_{i}": views[0], f"pooled_{i}": seen["pooled"],
                     f"features_{i}": embeds[0, start:start + n_image], f"logits_{i}": logits,
                     f"prefix_logits_{i}": prefix_logits, f"plain_steps_{i}": runs["plain"],
-                    f"prefix_steps_{i}": runs["prefix"]})
+                    f"prefix_steps_{i}": runs["prefix"], f"shift3_steps_{i}": runs["shift3"],
+                    f"shift033_steps_{i}": runs["shift033"]})
         best = mods["mm_utils"].select_best_resolution(image.size, model.config.image_grid_pinpoints)
         per_image.append({"size": list(image.size), "views": int(views.shape[1]), "image_tokens": int(n_image),
                           "best_resolution_width_height": list(best),
                           "plain_tokens": runs["plain"][-1].tolist(), "prefix_tokens": runs["prefix"][-1].tolist()})
+    for name, (n, steps, schedule, shift) in SCHEDULES.items():
+        out[f"transfer_{name}"] = mods["generate"].get_num_transfer_tokens_sch(
+            torch.ones(1, n, dtype=torch.bool), steps, schedule=schedule, schedule_kwargs={"shift": shift})[0]
     save_file({k: v.contiguous() for k, v in out.items()}, str(work / "outputs.safetensors"))
     (work / "reference.json").write_text(json.dumps({
         "reference": "github.com/jacklishufan/LaViDa (llava/model/llava_arch.py, "

@@ -176,3 +176,40 @@ def test_the_sampler_takes_one_config_or_its_fields_as_keywords(lm, prompt):
         SamplerConfig(gen_length=8, steps=8, cfg_scale=1.0, cache="prefix")
     with pytest.raises(AttributeError):
         cfg.steps = 2  # frozen: a config is a value
+
+
+def test_a_noise_schedule_commits_its_counts_step_by_step(lm, prompt):
+    """``schedule="shift"`` (LaViDa's): the block's slots per step are ``transfer_schedule``'s, every row summing to
+    the block; shift 3 commits few slots first, the COCO setting's 0.33 many (the release's counts are pinned by
+    tests/models/test_lavida_reference.py)."""
+    for shift, first_fewer in ((3.0, True), (0.33, False)):
+        counts = transfer_schedule(torch.tensor([16]), 8, "shift", shift)[0].tolist()
+        assert sum(counts) == 16 and min(counts) >= 1 and (counts[0] < counts[-1]) == first_fewer
+        out = generate(lm, prompt, gen_length=16, steps=8, schedule="shift", shift=shift, trace=True)
+        assert [len(rec.positions[0]) for rec in out.trace] == counts
+    assert transfer_schedule(torch.tensor([9]), 9, "logit_normal").tolist() == [[1] * 9]  # one a step at steps = n
+
+
+def test_with_ban_mask_off_the_mask_competes_and_a_slot_that_predicts_it_stays_masked(lm, prompt):
+    """``ban_mask=False`` (the released samplers): where the mask token is the argmax, the committed slot stays
+    masked; the confidence is the softmax over every token, the mask's included."""
+    mask_id = lm.config.mask_token_id
+    # the mask's logit made the largest at every position
+    hook = lm.register_forward_hook(lambda m, a, out: out.logits.__setitem__((..., mask_id), out.logits.max() + 1.0))
+    try:
+        kept = generate(lm, prompt, gen_length=4, steps=4, ban_mask=False, trace=True)
+        banned = generate(lm, prompt, gen_length=4, steps=4, trace=True)
+    finally:
+        hook.remove()
+    assert (kept.generated == mask_id).all() and [rec.n_masked[0] for rec in kept.trace] == [4, 4, 4, 4]
+    assert not (banned.generated == mask_id).any()
+    with pytest.raises(ValueError, match="ban_mask=False lets a step commit the mask"):
+        generate(lm, prompt, gen_length=4, steps=4, ban_mask=False, threshold=0.9)
+    with pytest.raises(ValueError, match="ban_mask must be true or false"):
+        generate(lm, prompt, gen_length=4, steps=4, ban_mask="no")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        generate(lm, prompt, gen_length=4, steps=4, schedule="sigmoid")
+    with pytest.raises(ValueError, match="shift must be > 0"):
+        generate(lm, prompt, gen_length=4, steps=4, schedule="shift", shift=0.0)
+    with pytest.raises(ValueError, match="threshold_rule 'fast-dllm' sets none"):
+        generate(lm, prompt, gen_length=4, steps=4, schedule="shift", threshold=0.9)

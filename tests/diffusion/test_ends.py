@@ -3,7 +3,7 @@ diffusion experiment both use it)."""
 
 import torch
 
-from keepsight.diffusion.ends import cut_at_end, end_ids, suppressed_ids
+from keepsight.diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
 from keepsight.models.llada_official import shipped_decoding
 from keepsight.world.models import build_lavida, build_llada_v, llada_style_tokenizer, preset_processor
 
@@ -25,6 +25,8 @@ def test_llada_v_keeps_its_shipped_bans_and_lavida_bans_none():
     lavida, _ = build_lavida()
     assert suppressed_ids(lavida, tok) == []  # LaViDa's own sampler bans none, even with LLaDA's tokens
     assert suppressed_ids(lavida, preset_processor("tiny-llava").tokenizer) == []
+    # and lets the mask compete (tests/models/test_lavida_reference.py: only so does it commit the release's slots)
+    assert not bans_mask(lavida) and bans_mask(model)
 
 
 def test_an_answer_ends_before_its_first_end_id():

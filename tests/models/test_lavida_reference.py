@@ -33,6 +33,7 @@ from transformers.models.llava_onevision.modeling_llava_onevision import get_any
 
 from keepsight.data import Sample, render_prompt
 from keepsight.diffusion import generate
+from keepsight.diffusion.sampler import transfer_schedule
 from keepsight.models import load_checkpoint
 from keepsight.models.lavida import hf_pinpoints
 from keepsight.world.models import build_lavida
@@ -93,8 +94,17 @@ def _run(model, processor, image, prompt, mask_id):
     for name, cache in (("plain", "none"), ("prefix", "prompt")):
         steps = []
         generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=G, steps=G,
-                 block_length=released.BLOCK, mask_token_id=mask_id, cache=cache,
+                 block_length=released.BLOCK, mask_token_id=mask_id, cache=cache, ban_mask=False,
                  model_kwargs={k: enc[k] for k in ("image_sizes", "batch_num_images")},
+                 callback=lambda trace, ids, steps=steps: steps.append(ids[0, P:].clone()))
+        out[f"{name}_steps"] = torch.stack(steps)
+    # as predict.py decodes (Prefix-DLM, step_ratio 0.5, the shift schedule): the release's steps = int(16 * 0.5)
+    S = released.SHIFT_GEN
+    for name, shift in (("shift3", 3.0), ("shift033", 0.33)):
+        steps = []
+        generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=S,
+                 steps=int(S * released.SHIFT_RATIO), block_length=S, mask_token_id=mask_id, cache="prompt",
+                 schedule="shift", shift=shift, ban_mask=False, model_kwargs={k: enc[k] for k in ("image_sizes", "batch_num_images")},
                  callback=lambda trace, ids, steps=steps: steps.append(ids[0, P:].clone()))
         out[f"{name}_steps"] = torch.stack(steps)
     return out
@@ -190,3 +200,23 @@ def test_sampler_commits_the_release_s_tokens_step_by_step(ref, ours, i, name):
     with ``prefix_lm=True``: the same slots after every step (LaViDa bans no token)."""
     _, out = ref
     assert torch.equal(ours[i][f"{name}_steps"], out[f"{name}_steps_{i}"])
+
+
+@pytest.mark.parametrize("i", IMAGES)
+@pytest.mark.parametrize("name", ["shift3", "shift033"])
+def test_sampler_with_the_shift_schedule_commits_the_release_s_tokens_step_by_step(ref, ours, i, name):
+    """``generate(..., cache="prompt", schedule="shift", shift=...)`` on 16 slots in 8 steps is the release's
+    ``generate`` as ``predict.py`` calls it (``prefix_lm=True, step_ratio=0.5, schedule="shift"``; shift 3, and the
+    COCO evaluation's 0.33): the same slots after every step."""
+    _, out = ref
+    assert torch.equal(ours[i][f"{name}_steps"], out[f"{name}_steps_{i}"])
+
+
+def test_slots_per_step_are_the_release_s_for_each_schedule(ref):
+    """``transfer_schedule`` is the release's ``get_num_transfer_tokens_sch``: the shift schedule (shift 3 and 0.33),
+    the logit-normal, the cosine and the linear one, on block sizes that divide evenly and one that does not (37 slots, 11 steps)."""
+    meta, out = ref
+    for name, (n, steps, schedule, shift) in meta["schedules"].items():
+        ours = transfer_schedule(torch.tensor([n, n]), steps, schedule, shift)
+        assert torch.equal(ours[0], out[f"transfer_{name}"]) and torch.equal(ours[1], ours[0]), name
+        assert int(ours[0].sum()) == n and int(ours[0].min()) >= 1

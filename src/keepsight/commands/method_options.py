@@ -42,11 +42,13 @@ _SAMPLER_SKIP = tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.nam
 
 
 def add_sampler_options(parser) -> None:
-    """``--sampler.cache``, ``--sampler.threshold``, ``--sampler.threshold_rule``, ``--sampler.refresh_every``."""
+    """``--sampler.FIELD`` for each of ``USER_SETTINGS`` (cache, threshold, threshold_rule, refresh_every, schedule,
+    shift, ban_mask)."""
     add_config_options(parser, "sampler", SamplerConfig, skip=_SAMPLER_SKIP,
                        title="diffusion sampler (--sampler.FIELD)",
-                       note="keepsight.diffusion.SamplerConfig's fast decoding: cache 'prefix' / 'dual' (ours, after "
-                            "Fast-dLLM), 'prompt' (LaViDa's Prefix-DLM), a confidence threshold")
+                       note="keepsight.diffusion.SamplerConfig: cache 'prefix' / 'dual' (ours, after Fast-dLLM), "
+                            "'prompt' (LaViDa's Prefix-DLM), a confidence threshold; LaViDa's slots-per-step schedule "
+                            "(schedule shift, shift 3); ban_mask (default: the model's released sampler)")
 
 
 def sampler_settings(args) -> dict:

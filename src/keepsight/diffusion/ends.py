@@ -34,6 +34,12 @@ def suppressed_ids(model, tokenizer) -> list[int]:
     return [i for i in (tokenizer.pad_token_id, tokenizer.bos_token_id) if i is not None and i not in ends]
 
 
+def bans_mask(model) -> bool:
+    """Whether the sampler keeps the mask token out of its argmax and its confidence softmax: not for LaViDa (its
+    released sampler lets the mask compete, and a slot that predicts it stays masked), keepsight's rule otherwise."""
+    return arch_spec(model).kind != "lavida"
+
+
 def cut_at_end(generated: torch.Tensor, ends: set[int]) -> list[list[int]]:
     """Generated ids [B, G] -> each row's ids before its first end id."""
     return [row[: next((j for j, t in enumerate(row) if t in ends), len(row))] for row in generated.tolist()]

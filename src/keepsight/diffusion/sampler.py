@@ -2,7 +2,9 @@
 
 The prompt ``[B, P]`` is followed by ``gen_length`` mask slots. The slots are decoded block by block
 (``block_length``, left to right); each block gets ``steps // n_blocks`` steps and each step commits a
-share of the block's masked slots (spread as evenly as possible, earlier steps take the remainder).
+share of the block's masked slots (spread as evenly as possible, earlier steps take the remainder; or by one of
+LaViDa's noise schedules, ``schedule="shift"`` etc.: ``transfer_schedule``). LaViDa's ``step_ratio`` r is
+``steps = int(gen_length / n_blocks * r) * n_blocks`` here.
 Every step is one full bidirectional forward (no cache; ``pixel_values`` go in on every forward). At
 each still-masked slot of the current block the model's token is chosen (argmax, or Gumbel-max at
 ``temperature > 0``) and scored (``low_confidence``: softmax probability of the chosen token under the
@@ -31,8 +33,10 @@ count the model calls and the positions they ran.
 Classifier-free guidance and the cache do not combine (an error); MRS with ``segments`` other than "all"
 reads column indices and needs ``cache="none"``.
 
-Choices (ours): bad arguments are ``ValueError``s, never silently adjusted. The mask token is never
-predicted (its logit is -inf), so a committed slot never stays masked. Padded prompts get position ids
+Choices (ours): bad arguments are ``ValueError``s, never silently adjusted. By default the mask token is never
+predicted (its logit is -inf), so a committed slot never stays masked; ``ban_mask=False`` is the released samplers'
+way (LLaDA's and LaViDa's ``generate.py``): the mask competes in the argmax and in the softmax that scores
+confidence, and a slot whose argmax is the mask is committed as the mask, so it stays masked. Padded prompts get position ids
 ``cumsum(attention_mask) - 1`` (left or right padding both work). ``cfg_scale == 0`` skips the
 unconditional pass entirely (exactly no guidance); with ``cfg_scale > 0`` the unconditional pass masks
 every non-pad prompt token, image tokens included, and therefore gets no ``pixel_values``.
@@ -44,6 +48,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..checks import number
@@ -55,8 +60,12 @@ CACHES = ("none", "prefix", "dual", "prompt")
 # the sampler's settings a user picks beyond the step schedule (``keepsight eval --sampler.FIELD``, lmms-eval's
 # ``sampler_FIELD=``); the schedule (gen_length, steps, block_length), temperature, guidance and remasking have their
 # own options, the banned ids and the mask id come from the model
-USER_SETTINGS = ("cache", "threshold", "threshold_rule", "refresh_every")
+USER_SETTINGS = ("cache", "threshold", "threshold_rule", "refresh_every", "schedule", "shift", "ban_mask")
 THRESHOLD_RULES = ("fast-dllm", "schedule")
+# how a block's masked slots are spread over its steps: "even" (LLaDA's get_num_transfer_tokens), or one of LaViDa's
+# noise schedules (its llada/generate.py get_num_transfer_tokens_sch: "shift", its default in predict.py and the COCO
+# evaluation, "logit_normal", "cosine", "linear")
+SCHEDULES = ("even", "shift", "logit_normal", "cosine", "linear")
 
 
 @dataclass
@@ -99,12 +108,42 @@ def resolve_mask_token_id(model=None, tokenizer=None, mask_token_id: int | None 
                      "a masked-diffusion sampler needs one (pass mask_token_id=)")
 
 
-def transfer_schedule(n_masked: torch.Tensor, steps: int) -> torch.Tensor:
-    """Tokens to commit per step: ``[B]`` masked counts -> ``[B, steps]``, rows sum to ``n_masked``,
-    as even as possible (the first ``n % steps`` steps take one extra)."""
-    base, rem = n_masked // steps, n_masked % steps  # [B], [B]
-    extra = torch.arange(steps, device=n_masked.device)[None] < rem[:, None]  # [B, steps]
-    return base[:, None] + extra.long()
+def transfer_schedule(n_masked: torch.Tensor, steps: int, schedule: str = "even", shift: float = 3.0) -> torch.Tensor:
+    """Tokens to commit per step: ``[B]`` masked counts -> ``[B, steps]``, rows sum to ``n_masked``. ``"even"``: as
+    even as possible (the first ``n % steps`` steps take one extra). Otherwise LaViDa's: the schedule's sigma on
+    ``linspace(0, 1, steps + 1)`` (float32) times ``n``, truncated, differenced, at least one a step; what that
+    overshoots is taken back one at a time from the first steps holding more than one, cycling; then the order is
+    reversed. ``"shift"``: ``sigma(t) = shift t / (1 + (shift - 1) t)`` (``shift`` > 1 commits few slots first,
+    < 1 many); ``"logit_normal"``: the normal CDF of logit(t); ``"cosine"``: ``1 - (1 + cos(pi t)) / 2``;
+    ``"linear"``: ``sigma(t) = t``."""
+    if schedule == "even":
+        base, rem = n_masked // steps, n_masked % steps  # [B], [B]
+        extra = torch.arange(steps, device=n_masked.device)[None] < rem[:, None]  # [B, steps]
+        return base[:, None] + extra.long()
+    t = torch.linspace(0, 1, steps + 1)  # [steps + 1]
+    if schedule == "shift":
+        sigma = shift * t / (1 + (shift - 1) * t)
+    elif schedule == "logit_normal":
+        sigma = 0.5 * (1 + torch.erf(torch.log(t / (1 - t)) / torch.sqrt(torch.tensor(2.0))))
+    elif schedule == "cosine":  # the release takes the cosine with numpy (float32), the rest with torch
+        sigma = 1 - 0.5 * (1 + torch.from_numpy(np.cos((np.pi * t).numpy())))
+    elif schedule == "linear":
+        sigma = t
+    else:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    rows = []
+    for n in n_masked.tolist():
+        counts = (sigma * torch.tensor([n])).to(torch.int64)  # [steps + 1]: committed after each step
+        counts = (counts[1:] - counts[:-1]).clamp(min=1)  # [steps]
+        over, j = int(counts.sum()) - n, 0
+        while over > 0:  # steps <= n, so some step holds more than one while anything is over
+            j %= steps
+            if counts[j] > 1:
+                counts[j] -= 1
+                over -= 1
+            j += 1
+        rows.append(counts.flip(-1))
+    return torch.stack(rows).to(n_masked.device)
 
 
 def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) -> torch.Tensor:
@@ -149,6 +188,9 @@ class SamplerConfig:
     threshold: float | None = None  # confidence-aware parallel decoding
     refresh_every: int | None = None  # cached: refresh the recorded keys every k steps
     threshold_rule: str = "fast-dllm"  # "fast-dllm" | "schedule"
+    schedule: str = "even"  # slots per step: "even" (LLaDA) | "shift" | "logit_normal" | "cosine" | "linear" (LaViDa)
+    shift: float = 3.0  # schedule="shift": LaViDa's schedule_kwargs shift (its default 3; its COCO evaluation 0.33)
+    ban_mask: bool = True  # the mask's logit -inf (ours); False: it competes, as released (keepsight eval: False on LaViDa)
 
     def __post_init__(self) -> None:
         if self.cache not in CACHES:
@@ -166,6 +208,18 @@ class SamplerConfig:
                 raise ValueError("refresh_every refreshes the cache: it needs cache='prefix' or 'dual' (with "
                                  "cache='none' every step is a full forward already; cache='prompt' records the "
                                  "prompt once, which no step changes)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        number("shift", self.shift, 0.0, open_low=True)
+        if not isinstance(self.ban_mask, bool):
+            raise ValueError(f"ban_mask must be true or false, got {self.ban_mask!r}")
+        if not self.ban_mask and self.until_done:
+            raise ValueError("ban_mask=False lets a step commit the mask (the slot stays masked), so threshold_rule "
+                             "'fast-dllm', which runs a block until no slot is masked, might never end; use "
+                             "threshold_rule='schedule' or ban_mask=True")
+        if self.schedule != "even" and self.until_done:
+            raise ValueError(f"schedule {self.schedule!r} spreads a step budget; threshold_rule 'fast-dllm' sets none "
+                             "(each block runs until it is done): use threshold_rule='schedule' or no threshold")
         if self.cache != "none" and self.cfg_scale > 0:
             raise ValueError("classifier-free guidance (cfg_scale > 0) does not combine with the cache; use "
                              "cache='none'")
@@ -262,9 +316,10 @@ def generate(
         base_kwargs["attention_mask"] = am
         if not bool(am.all()):
             base_kwargs["position_ids"] = (am.cumsum(-1) - 1).clamp(min=0)  # [B, T]
-    suppress = torch.tensor(sorted({*map(int, suppress_token_ids), mask_id}), device=device)
+    suppress = torch.tensor(sorted({*map(int, suppress_token_ids), *([mask_id] if cfg.ban_mask else [])}),
+                            dtype=torch.long, device=device)
     vocab = model.get_output_embeddings().weight.shape[0]
-    if int(suppress.min()) < 0 or int(suppress.max()) >= vocab:
+    if suppress.numel() and (int(suppress.min()) < 0 or int(suppress.max()) >= vocab):
         raise ValueError(f"suppress_token_ids / mask_token_id {suppress.tolist()} must lie in [0, {vocab})")
     if cfg_scale > 0:
         prompt_real = am[:, :P].bool() if am is not None else torch.ones_like(input_ids, dtype=torch.bool)
@@ -281,7 +336,8 @@ def generate(
         forwards, token_forwards = forwards + 1, token_forwards + B * P
     for b in range(n_blocks):
         lo, hi = P + b * block_length, P + (b + 1) * block_length  # current block [lo, hi)
-        schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block)  # [B, steps_per_block]
+        schedule = transfer_schedule((x[:, lo:hi] == mask_id).sum(1), steps_per_block, cfg.schedule,
+                                     cfg.shift)  # [B, steps_per_block]
         end = hi if cache == "dual" else T  # the query window of cached steps: [lo, end)
         s = 0
         while s < steps_per_block or until_done:

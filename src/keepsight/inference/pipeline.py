@@ -23,7 +23,7 @@ import torch
 
 from ..data import padding_side
 from ..diffusion import generate as diffusion_generate
-from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
+from ..diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
 from ..diffusion.sampler import user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..models.arch import check_finite, check_length
@@ -54,8 +54,9 @@ class Pipeline:
 
     ``mps`` / ``mrs``: None (off) or their settings (``{}`` for the defaults). ``steps``, ``gen_length``,
     ``block_length``, ``cfg_scale``, ``remasking`` and ``seed`` are the diffusion sampler's, and ``sampler`` its
-    fast-decoding settings (``keepsight.diffusion.sampler.USER_SETTINGS``: ``cache``, ``threshold``,
-    ``threshold_rule``, ``refresh_every``)."""
+    further settings (``keepsight.diffusion.sampler.USER_SETTINGS``: ``cache``, ``threshold``, ``threshold_rule``,
+    ``refresh_every``, ``schedule``, ``shift``, ``ban_mask``; ``ban_mask`` defaults to the model's released sampler:
+    ``keepsight.diffusion.ends.bans_mask``)."""
 
     def __init__(self, pretrained: str | os.PathLike, method: str = "none", pvm: str | os.PathLike | None = None,
                  baseline: str | None = None, baseline_args: dict | None = None, mps: dict | None = None,
@@ -317,7 +318,7 @@ class Pipeline:
                                      temperature=s["temperature"] if s["do_sample"] else 0.0, cfg_scale=self.cfg_scale,
                                      remasking=self.remasking, suppress_token_ids=suppress,
                                      generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra,
-                                     **self.sampler)
+                                     **{"ban_mask": bans_mask(self._model), **self.sampler})
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         rows = cut_at_end(out.generated, end_ids(self._model, tok))  # padded to a rectangle below
         width = max(len(r) for r in rows)

@@ -15,7 +15,8 @@
   written by ``keepsight diffusion train``, or a LLaDA-V-layout checkpoint that ``load_llada_v`` maps),
   decoded by ``keepsight.diffusion.generate`` (``steps``, ``gen_length``, ``block_length``, ``cfg_scale``,
   ``remasking``, ``seed``; fast decoding with ``sampler_cache=prefix|dual|prompt``, ``sampler_threshold``,
-  ``sampler_threshold_rule``, ``sampler_refresh_every``), optionally with Mask Prior Suppression (``mps=true`` or
+  ``sampler_threshold_rule``, ``sampler_refresh_every``; LaViDa's slots-per-step schedule with
+  ``sampler_schedule=shift,sampler_shift=3``; ``sampler_ban_mask``), optionally with Mask Prior Suppression (``mps=true`` or
   ``mps={"k":3,"lam":0.1}`` or ``mps_k=3,mps_lam=0.1``) and Monotonic RoPE Scaling (``mrs=true`` or
   ``mrs={"beta":0.01}`` or ``mrs_beta=0.01,mrs_eta=8``). Defaults are the papers' (MPS k 3, lam 0.1;
   MRS beta 0.01, eta 8, tau0 0.6).
