@@ -419,6 +419,7 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
             # U:3382-3411: each candidate appended to the step's cache; its last-layer row (max over heads). The
             # release runs one forward per candidate; here up to CANDIDATES_PER_FORWARD of them go in one forward,
             # the cache repeated for each (row k * m + c: beam k, candidate c), where every cache layer can be
+            # repeated (else one forward each)
             padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
             attn_last = []
             mark = _CacheMark(cache)  # the release's cache is a tuple the candidate forward never extends

@@ -75,11 +75,12 @@ def flatten(experiment: str, result: dict) -> dict[str, float]:
     return out
 
 
-def _get(obj, path: str):
-    for part in path.split("."):
-        if not isinstance(obj, dict) or part not in obj:
+def dig(obj, *keys):
+    """``obj[k1][k2]...``, or None where a key is missing (or a level is not a dict)."""
+    for key in keys:
+        if not isinstance(obj, dict) or key not in obj:
             return None
-        obj = obj[part]
+        obj = obj[key]
     return obj
 
 
@@ -99,7 +100,7 @@ def paired(a: dict | None, b: dict | None) -> dict | None:
 
 def _seed_sign(result: dict | None, template: str, arm: str, ref: str) -> int:
     """One seed's verdict: +1 when the arm's own 95% interval lies wholly above the reference's, -1 below, else 0."""
-    a, b = _get(result, template.format(arm=arm)), _get(result, template.format(arm=ref))
+    a, b = dig(result, *template.format(arm=arm).split(".")), dig(result, *template.format(arm=ref).split("."))
     if not a or not b or None in (a.get("low"), b.get("low")):
         return 0
     return 1 if a["low"] > b["high"] else -1 if a["high"] < b["low"] else 0
@@ -124,7 +125,7 @@ def aggregate(per_seed: list[dict]) -> dict:
             continue
         keys = sorted(set().union(*flats))
         out[experiment] = {k: mean_ci([f.get(k) for f in flats]) for k in keys}
-        kept = {p: [_get(r, p) for r in results] for p in SEED_INTERVALS.get(experiment, [])}
+        kept = {p: [dig(r, *p.split(".")) for r in results] for p in SEED_INTERVALS.get(experiment, [])}
         kept = {p: v for p, v in kept.items() if all(isinstance(i, dict) for i in v)}
         if kept:
             out.setdefault("seed_intervals", {})[experiment] = kept

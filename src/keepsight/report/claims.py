@@ -8,26 +8,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..experiments.aggregate import seed_signs
+from ..experiments.aggregate import dig, seed_signs
 from .html import fmt, table
 from .seeds import fmt_ci, verdict_words
 
 DEMO = "keepsight demo"
 
 
-def _get(d, *path):
-    for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return None
-        d = d[p]
-    return d
-
-
 def _compare(results: dict, experiment: str, arm: str, metric: str, value_path: list) -> tuple[str, str]:
     """(ours, verdict) for ``arm`` against its reference on ``metric``."""
     agg = results.get("aggregate")
     if agg and agg.get(experiment):
-        v = _get(agg, "verdicts", experiment, arm, metric)
+        v = dig(agg, "verdicts", experiment, arm, metric)
         ci = agg[experiment].get(".".join(value_path))
         ours = fmt_ci(ci)
         if v is None:
@@ -38,7 +30,7 @@ def _compare(results: dict, experiment: str, arm: str, metric: str, value_path: 
         if words.startswith("lower"):
             return ours, f"not reproduced ({words})"
         return ours, "not reproduced (no separable difference" + words[len("no verdict"):].replace(" (", "; ", 1)
-    value = _get(results, experiment, *value_path)
+    value = dig(results, experiment, *value_path)
     return fmt(value), "no verdict (one seed)"
 
 
@@ -78,11 +70,11 @@ def _description_regime_claims(results: dict, command: str) -> list[dict]:
     """The generated-text regime (the PVM paper's setting): the premise (a visual answer degrades after the model's own
     description), that access to the image limits it (the oracle, the image shown again, recovers the drop), and PVM's
     claim there. Over seeds from the aggregate, else one seed without a verdict."""
-    ad = _get(results, "base", "after_description")
+    ad = dig(results, "base", "after_description")
     if not ad:
         return []
-    agg = _get(results, "aggregate", "base") or {}
-    kept = _get(results, "aggregate", "seed_intervals", "base") or {}
+    agg = dig(results, "aggregate", "base") or {}
+    kept = dig(results, "aggregate", "seed_intervals", "base") or {}
     rows = []
     for claim, key, paper in (
             ("Premise: a visual answer degrades after the model's own description (accuracy with no text minus after "
@@ -113,7 +105,7 @@ def _control_claims(results: dict, command: str) -> list[dict]:
     """PVM's mechanism control: with the image's tokens withheld from the language model, stage 1 lifts the
     prior-balanced yes/no (on which text alone scores 0.5) above the text-only level, and the LoRA trained the same
     way does not."""
-    arms = _get(results, "control", "arms")
+    arms = dig(results, "control", "arms")
     if not arms or "pvm_sft" not in arms:
         return []
     rows = []
@@ -124,14 +116,14 @@ def _control_claims(results: dict, command: str) -> list[dict]:
              0)):
         if arm not in arms:
             continue
-        ours, verdict = _compare(results, "control", arm, "yes_no_acc", ["arms", arm, "all", "acc"])
-        base = _compare(results, "control", "base", "yes_no_acc", ["arms", "base", "all", "acc"])[0]
-        if "aggregate" not in results or not _get(results, "aggregate", "control"):
+        if not dig(results, "aggregate", "control"):
             a, b = arms[arm]["all"], arms["base"]["all"]  # one seed: its Wilson intervals
             above = a["low"] > b["high"]
             ours = f"{a['acc']:.3f} [{a['low']:.3f}, {a['high']:.3f}] vs text only {b['acc']:.3f}"
             verdict = f"{'reproduced' if above == bool(wants) else 'not reproduced'} (one seed)"
         else:
+            ours, verdict = _compare(results, "control", arm, "yes_no_acc", ["arms", arm, "all", "acc"])
+            base = _compare(results, "control", "base", "yes_no_acc", ["arms", "base", "all", "acc"])[0]
             ours = f"{ours} vs text only {base}"
             if not wants:  # the LoRA's claim is the absence of a difference
                 verdict = "reproduced (no separable difference)" if "no separable" in verdict else (
@@ -146,7 +138,7 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
     under ``runs_dir/bench`` when they were run)."""
     rows = []
     command = profile_command(results.get("profile"))  # the run these rows come from
-    diag = _get(results, "base", "diagnosis") or {}
+    diag = dig(results, "base", "diagnosis") or {}
     slope, plateau = diag.get("slope"), diag.get("tvr_plateau")
     if slope is not None:
         verdict = ("reproduced" if -1.25 <= slope <= -0.75 else "partly (it falls, less steeply)" if slope < -0.2
@@ -165,11 +157,11 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
         rows.append({"claim": "PVM: dilution is strongest in middle layers", "paper": "middle layers",
                      "ours": f"layer {steepest} of {len(by_layer)}", "verdict": "reproduced" if middle else "not reproduced",
                      "command": command})
-    drop = _get(results, "base", "history", "drop")
+    drop = dig(results, "base", "history", "drop")
     if drop and drop.get("diff") is not None:
         lengths = results["base"]["history"]["lengths"]
-        agg_drop = _get(results, "aggregate", "base", "history.drop.diff")
-        verdict = premise_verdict(agg_drop, _get(results, "aggregate", "seed_intervals", "base", "history.drop"))
+        agg_drop = dig(results, "aggregate", "base", "history.drop.diff")
+        verdict = premise_verdict(agg_drop, dig(results, "aggregate", "seed_intervals", "base", "history.drop"))
         if verdict is None:  # one seed: its own paired interval
             ours = f"{drop['diff']:+.3f} [{drop['low']:+.3f}, {drop['high']:+.3f}]"
             verdict = "reproduced" if drop["low"] > 0 else "not reproduced (no significant drop)"
@@ -188,8 +180,8 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
             base_ours = _compare(results, "pvm", "base", metric, ["comparison", "base", metric])[0]
             rows.append({"claim": f"PVM (SFT + GRPO) improves {label} over the base", "paper": number,
                          "ours": f"{ours} vs base {base_ours}", "verdict": verdict, "command": command})
-        base_conv = _get(results, "pvm", "comparison", "base", "logitlens_convergence_layer")
-        pvm_conv = _get(results, "pvm", "comparison", "pvm_grpo", "logitlens_convergence_layer")
+        base_conv = dig(results, "pvm", "comparison", "base", "logitlens_convergence_layer")
+        pvm_conv = dig(results, "pvm", "comparison", "pvm_grpo", "logitlens_convergence_layer")
         if base_conv is not None and pvm_conv is not None:
             rows.append({"claim": "PVM: intermediate layers converge earlier to the final prediction (LogitLens)",
                          "paper": "earlier", "ours": f"{fmt(pvm_conv)} vs base {fmt(base_conv)} (mean layer)",
@@ -215,7 +207,7 @@ def claims_table(results: dict, runs_dir: str | Path | None = None) -> list[dict
                 mlp = _compare(results, "bridge", "mlp_phase2", metric, mlp_path)[0]
                 rows.append({"claim": f"LIA-MTR beats the MLP projector {label}", "paper": number,
                              "ours": f"{ours} vs MLP {mlp}", "verdict": verdict, "command": command})
-            gate = _get(results, "bridge", "write_gate", lia)
+            gate = dig(results, "bridge", "write_gate", lia)
             if gate:
                 near = abs(gate["gate_mean"] - 0.5053) < 0.05 and gate["gate_std"] < 0.1
                 rows.append({"claim": "LIA-MTR's write gate: mean 0.5053, std 0.0444", "paper": "0.5053 / 0.0444",
