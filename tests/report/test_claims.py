@@ -120,3 +120,34 @@ def test_description_regime_claims_from_one_seed_and_from_several():
     assert rows["Premise: access to the image limits that regime"]["verdict"] == (
         "partly (2 of 3 seeds' own intervals above 0)")
     assert {r["claim"]: r for r in claims_table(res)}[claim]["verdict"] == "reproduced (higher)"
+
+
+def test_diffusion_claims_from_training_seeds_read_the_paired_intervals():
+    """With several training seeds the MPS / MRS claims are verdicts from the paired differences over the seeds:
+    MPS raising repetition on every seed is "higher", MRS's noise around no method is no separable difference."""
+    from keepsight.experiments.diffusion import over_seeds
+    from keepsight.report.claims import _diffusion_claims
+    from keepsight.report.diffusion import diffusion_markdown
+
+    def row(steps, method, seed):
+        rep = 0.2 + 0.01 * seed if steps == 4 else 0.01 * seed
+        rep += {"mps": 0.3, "both": 0.3, "mrs": 0.002 * (seed - 1)}.get(method, 0.0)
+        return {"steps": steps, "method": method, "object_recall": 0.4 + 0.01 * seed, "repetition_ratio": rep,
+                "repeats_in_mask_top10": 0.97 + 0.01 * seed, "distinct_2": 0.03 - (0.01 if method == "mps" else 0.0),
+                "chair_i": 0.2, "hallucination_rate": 0.5, "exact_recall": 0.1, "seconds": 1.0}
+
+    runs = [{"grid": [row(t, m, s) for t in (4, 64) for m in ("none", "mps", "mrs", "both")], "sweeps": []}
+            for s in range(3)]
+    res = {"grid": runs[0]["grid"], "over_seeds": over_seeds(runs)}
+    rows = {r["claim"]: r for r in _diffusion_claims(res, "diffusion")}
+    rising = rows["MPS/MRS: repetition rises as the steps T fall (no fix)"]
+    assert rising["verdict"] == "reproduced" and "difference 0.200 [0.200, 0.200] (3 seeds)" in rising["ours"]
+    assert rows["MPS: repeated tokens are the mask prior's top tokens"]["verdict"] == "reproduced"
+    assert rows["MPS (papers' settings) lowers repetition at few steps"]["verdict"] == "not reproduced (higher)"
+    assert rows["MRS (papers' settings) lowers repetition at few steps"]["verdict"] == (
+        "not reproduced (no separable difference)")
+    mps = rows["MPS (papers' settings) raises distinct-n and lowers CHAIR at few steps"]
+    assert mps["verdict"] == "not reproduced (distinct-2 lower, CHAIRi no separable difference)"
+    md = diffusion_markdown({**res, "config": {"train": {"answer_length": 64}, "sweep_steps": 4}, "sweeps": [],
+                             "prior_cosine": {"none": []}, "mask_prior_top10": ["a"]})
+    assert "| 4 | mps | 0.510 [0.485, 0.535] | 0.020 [0.020, 0.020] | 0.200 [0.200, 0.200] |" in md

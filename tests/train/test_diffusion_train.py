@@ -132,3 +132,40 @@ def test_diffusion_experiment_rejects_a_curriculum_with_another_window_and_a_bad
     with pytest.raises(ValueError, match="block_length 24 must divide answer_length 64"):
         DiffusionExperiment(block_length=24)
     assert DiffusionExperiment(block_length=16).block_length == 16
+
+
+def test_training_seeds_give_each_seed_its_model_intervals_over_them_and_mps_effect(base_dir, samples):
+    """DiffusionExperiment.seeds: one diffusion VLM per training seed (the first seed's trained exactly as with no
+    seeds), each seed's grid and sweeps, their means and paired differences over the seeds, and MPS's effect at each
+    of ``effect_lams`` (lam 0 moves nothing; the move grows linearly in lam: the gate does not depend on it)."""
+    from keepsight.experiments.arm import ExperimentContext
+    from keepsight.experiments.diffusion import DiffusionExperiment, run_diffusion_experiment
+
+    small = dict(batch_size=2, save_every=1000, answer_length=16)
+    exp = DiffusionExperiment(train=DiffusionTrainConfig(steps=2, **small), tasks=("describe",), n_scenes=2,
+                              n_objects=2, steps_grid=(4, 16), sweep_steps=4, sweeps={"lam": [0.3]},
+                              samplers={"plain": {}}, sampler_block=16, attention_betas=(), seeds=(0, 3),
+                              effect_lams=(0.0, 0.1, 0.2))
+    ctx = ExperimentContext(base_dir, None, samples.config, None, None, lambda: samples, print)
+    res = run_diffusion_experiment(exp, ctx)
+    first, other = res["seeds"]
+    assert (first["seed"], other["seed"]) == (0, 3) and first["model_dir"] == res["model_dir"] != other["model_dir"]
+    assert other["training"]["train"]["seed"] == 3 and "fast" not in other and res["fast"]
+    ov = res["over_seeds"]
+    assert ov["n"] == 2 and len(ov["grid"]) == 2 * 6 and len(ov["vs_none"]) == 2 * 5
+    cell = next(r for r in ov["grid"] if (r["steps"], r["method"]) == (4, "mps"))
+    assert cell["object_recall"]["values"] == [next(g["object_recall"] for g in r["grid"]
+                                               if (g["steps"], g["method"]) == (4, "mps")) for r in res["seeds"]]
+    diff = next(r for r in ov["vs_none"] if (r["steps"], r["method"]) == (16, "mrs"))
+    none = [next(g for g in r["grid"] if (g["steps"], g["method"]) == (16, "none")) for r in res["seeds"]]
+    mrs = [next(g for g in r["grid"] if (g["steps"], g["method"]) == (16, "mrs")) for r in res["seeds"]]
+    assert diff["distinct_2"]["values"] == pytest.approx([m["distinct_2"] - n["distinct_2"] for m, n in zip(mrs, none)])
+    assert ov["sweeps"][0]["param"] == "lam" and ov["sweeps"][0]["vs_none"]["chair_i"]["n"] == 2
+    for run in res["seeds"]:
+        still, a, b = run["mps_effect"]["by_lam"]
+        assert still["move"] == 0.0 and still["argmax_changed"] == 0.0 and still["top10_before"] == still["top10_after"]
+        assert b["move"] == pytest.approx(2 * a["move"], rel=1e-4, abs=1e-9)
+        assert (a["move"] > 0) == (run["mps_effect"]["gate"] > 0)  # it moves wherever its gate opens
+        assert len(run["mps_effect"]["state_norms"]) == 4  # layers 1 .. L-1 and the final norm's output (L = 4)
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        DiffusionExperiment(seeds=(1, 1))

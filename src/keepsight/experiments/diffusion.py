@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,9 +36,10 @@ from ..diffusion import (
     prior_cosine,
 )
 from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
+from ..diffusion.mps import released_states
 from ..fingerprint import digest
 from ..inference import Decoders
-from ..metrics import chair, distinct_n, repetition_ratio
+from ..metrics import chair, distinct_n, mean_ci, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
@@ -84,6 +85,14 @@ class DiffusionExperiment:
     # window at once; a block is LLaDA's semi-autoregressive remasking, which a model trained with eos-filled
     # windows needs (over the whole window it commits eos early and stops after the header)
     block_length: int | None = None
+    # the diffusion VLM's training seeds (its initialisation, batch order and masking; the vision tower and the
+    # held-out scenes are the same for all): every seed runs the grid, the sweeps and MPS's effect, the first one also
+    # the fast samplers, the prior cosine and the attention analysis; with several, each metric gets a mean and 95%
+    # t interval over them, and each method its paired difference from no method. None: ``train.seed`` alone
+    seeds: tuple[int, ...] | None = None
+    # MPS's effect on the LM head's input at each of these lam (``mps_effect``: how far it moves the state, how open its
+    # gate is, what it does to the mask prior's top tokens); empty: not measured
+    effect_lams: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.finetune is not None and self.finetune.answer_length != self.train.answer_length:
@@ -91,6 +100,10 @@ class DiffusionExperiment:
                              f"({self.train.answer_length}): both stages train the same window")
         if self.block_length is not None and (self.block_length < 1 or self.train.answer_length % self.block_length):
             raise ValueError(f"block_length {self.block_length} must divide answer_length {self.train.answer_length}")
+        if self.seeds is not None:
+            self.seeds = tuple(self.seeds)
+            if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+                raise ValueError(f"seeds must be distinct and at least one, got {self.seeds!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +111,10 @@ class DiffusionExperiment:
     @property
     def varied(self) -> bool:
         return "describe_varied" in self.tasks + (self.finetune_tasks if self.finetune else ())
+
+    @property
+    def training_seeds(self) -> tuple[int, ...]:
+        return self.seeds if self.seeds is not None else (self.train.seed,)
 
 
 MPS_SWEEP = ("lam", "k")  # sweep parameters of the released MPS
@@ -210,46 +227,106 @@ def attention_by_distance(runner: _Runner, steps: int, mrs_kw: dict, betas) -> d
     return out
 
 
-def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -> dict:
-    """Train (or reuse) the diffusion VLM and run the grid, the sweeps and the analyses on held-out scenes."""
+def mps_effect(runner: _Runner, mps_kw: dict, lams) -> dict:
+    """What the released MPS does where it acts, on the sampler's first forward (the runner's prompts, every
+    generation slot masked): the fit's state norms (the decoder layers' outputs and the final norm's, for the mean
+    input embedding), and per ``lam`` the mean gate ``cos(z, u)``, the move ``|dh| / |h|`` of the LM head's input, the
+    probability the mask prior's top-10 tokens get before / after, and the share of slots whose argmax changes."""
+    model, tok = runner.model, runner.processor.tokenizer
+    fitted = MaskPriorSuppression(**mps_kw).fit(model, tok)
+    if fitted.variant != "released":
+        raise ValueError(f"mps_effect reads the released MPS, got variant {fitted.variant!r}")
+    stack = decoder_stack(model)
+    states = released_states(model, stack.embed_tokens.weight.detach().mean(0))  # [L, d]
+    n = len(runner.samples)
+    ids = torch.cat([runner.enc["input_ids"], torch.full((n, runner.gen_length), tok.mask_token_id)], 1)  # [B, P + G]
+    box: dict = {}
+    handle = stack.norm.register_forward_hook(lambda module, args, out: box.__setitem__("h", out))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=runner.enc["pixel_values"])
+    finally:
+        handle.remove()
+    h = box["h"][:, -runner.gen_length:].detach().float()  # [B, G, d]: the LM head's input at the masked slots
+    head = model.get_output_embeddings().weight.detach().float()  # [V, d]
+    top10 = sorted(runner.top10)
+    z = (h - fitted.mu) @ fitted.U  # [B, G, k]
+    gate = ((z @ fitted.u) / (z.norm(dim=-1) + 1e-6)).clamp(0.0, 1.0)  # [B, G]
+    before = (h @ head.T).softmax(-1)  # [B, G, V]
+    where = torch.ones(h.shape[:2], dtype=torch.bool)
+    rows = []
+    for lam in lams:
+        fitted.lam = float(lam)
+        new = fitted.suppress(h, where)  # [B, G, d]
+        after = (new @ head.T).softmax(-1)
+        rows.append({"lam": float(lam), "move": float(((new - h).norm(dim=-1) / h.norm(dim=-1)).mean()),
+                     "top10_before": float(before[..., top10].sum(-1).mean()),
+                     "top10_after": float(after[..., top10].sum(-1).mean()),
+                     "argmax_changed": float((before.argmax(-1) != after.argmax(-1)).float().mean())})
+    return {"state_norms": states.norm(dim=-1).tolist(), "mu_norm": float(fitted.mu.norm()),
+            "h_norm": float(h.norm(dim=-1).mean()), "gate": float(gate.mean()), "by_lam": rows}
+
+
+METRICS = ("distinct_2", "repetition_ratio", "repeats_in_mask_top10", "chair_i", "hallucination_rate", "object_recall",
+           "exact_recall")
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """Every seed's grid and sweeps as a mean with a 95% t interval per metric, and each method's paired difference
+    from no method at the same T (``vs_none``; a sweep's from no method at the sweep's T, where the grid has it)."""
+    def cell(rows: list[dict]) -> dict:
+        return {m: mean_ci([r[m] for r in rows]) for m in METRICS}
+
+    grids = [{(r["steps"], r["method"]): r for r in run["grid"]} for run in runs]
+    keys = list(grids[0])
+    grid = [{"steps": t, "method": m, **cell([g[(t, m)] for g in grids])} for t, m in keys]
+    vs_none = [{"steps": t, "method": m, **{k: mean_ci([_minus(g[(t, m)][k], g[(t, "none")][k]) for g in grids])
+                                             for k in METRICS}}
+               for t, m in keys if m != "none" and (t, "none") in grids[0]]
+    sweeps = []
+    for i, s in enumerate(runs[0]["sweeps"]):
+        rows = [run["sweeps"][i] for run in runs]
+        t = s["steps"]
+        ref = [g.get((t, "none")) for g in grids]
+        diff = ({k: mean_ci([_minus(r[k], n[k]) for r, n in zip(rows, ref)]) for k in METRICS} if all(ref) else {})
+        sweeps.append({"param": s["param"], "value": s["value"], "steps": t, **cell(rows), "vs_none": diff})
+    return {"n": len(runs), "grid": grid, "vs_none": vs_none, "sweeps": sweeps}
+
+
+def _train_model(exp: DiffusionExperiment, ctx: ExperimentContext, seed: int) -> tuple[Path, dict]:
+    """The diffusion VLM of training seed ``seed`` (trained, or reused from the cache): its directory and summary."""
     base_dir, train, log = ctx.model_dir, ctx.scenes(), ctx.log
-    eval_scenes = WorldSamples.from_scenes(ctx.world, world_scenes(ctx.world, exp.n_scenes, seed=exp.scene_seed,
-                                                               n_objects=exp.n_objects))
+    cfg = replace(exp.train, seed=seed)
     # training_code 2: batches after the first epoch no longer follow the global RNG (which the masking
     # objective advances), so the same configuration trains a different model than keepsight <= 0.1 did
-    spec = {**asdict(exp.train), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
+    spec = {**asdict(cfg), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
     if exp.text_layers is not None:
         spec["text_layers"] = exp.text_layers
     key = digest(spec, 12)
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
-    log(f"masked-diffusion VLM ({exp.train.steps} steps) -> {model_dir}")
-    data = VLMDataset(train, exp.tasks, exp.train.seed, describe_repeats=exp.describe_repeats)
-    summary = train_diffusion(lambda: llada_v_init(base_dir, exp.train.seed, exp.text_layers), data, model_dir,
-                              exp.train, progress=False, source=str(base_dir))
+    log(f"masked-diffusion VLM ({cfg.steps} steps, seed {seed}) -> {model_dir}")
+    data = VLMDataset(train, exp.tasks, cfg.seed, describe_repeats=exp.describe_repeats)
+    summary = train_diffusion(lambda: llada_v_init(base_dir, cfg.seed, exp.text_layers), data, model_dir,
+                              cfg, progress=False, source=str(base_dir))
     if exp.finetune is not None:
-        spec["finetune"] = {**asdict(exp.finetune), "tasks": list(exp.finetune_tasks)}
+        tune = replace(exp.finetune, seed=exp.finetune.seed + seed - exp.train.seed)
+        spec["finetune"] = {**asdict(tune), "tasks": list(exp.finetune_tasks)}
         key = digest(spec, 12)
         stage1, model_dir = model_dir, Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
-        log(f"  fine-tuned on {list(exp.finetune_tasks)} ({exp.finetune.steps} steps) -> {model_dir}")
-        data = VLMDataset(train, exp.finetune_tasks, exp.finetune.seed, describe_repeats=exp.describe_repeats)
+        log(f"  fine-tuned on {list(exp.finetune_tasks)} ({tune.steps} steps) -> {model_dir}")
+        data = VLMDataset(train, exp.finetune_tasks, tune.seed, describe_repeats=exp.describe_repeats)
         first = summary
         summary = train_diffusion(lambda: load_checkpoint(stage1, dtype=None, device="cpu", expect="diffusion"), data,
-                                  model_dir, exp.finetune, progress=False, source=str(stage1))
+                                  model_dir, tune, progress=False, source=str(stage1))
         summary = {**summary, "first_stage": {k: v for k, v in first.items() if k != "log_history"}}
-    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
-    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length, exp.varied, exp.block_length)
-    grid = []
-    for steps in exp.steps_grid:
-        for name in ("none", "mps", "mrs", "both", "ntk", "yarn"):
-            log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {name}")
-            grid.append(runner.run(steps, name, exp.mps, exp.mrs))
-    fast = []
-    n_blocks = exp.train.answer_length // exp.sampler_block
-    for steps in [t for t in exp.steps_grid if t % n_blocks == 0]:
-        for label, kw in exp.samplers.items():
-            log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {label} sampler (block {exp.sampler_block})")
-            r = runner.run(steps, sampler={"block_length": exp.sampler_block, **kw})
-            fast.append({"sampler": label, **{k: v for k, v in r.items() if k != "method"}})
+    return model_dir, {k: v for k, v in summary.items() if k != "log_history"}
+
+
+def _sweeps(runner: _Runner, exp: DiffusionExperiment) -> list[dict]:
     sweeps = []
     T = exp.sweep_steps
     for param, values in exp.sweeps.items():
@@ -263,13 +340,54 @@ def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -
             else:
                 r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, param: v})
             sweeps.append({"param": param, "value": v, **{k: r[k] for k in r if k != "example"}})
+    return sweeps
+
+
+def _one_seed(exp: DiffusionExperiment, ctx: ExperimentContext, eval_scenes: WorldSamples, seed: int,
+              first: bool) -> dict:
+    """One training seed's model and its runs (the first seed's also the fast samplers and the analyses)."""
+    log = ctx.log
+    model_dir, summary = _train_model(exp, ctx, seed)
+    model, processor = load_checkpoint(model_dir, dtype=None, device="cpu")
+    runner = _Runner(model, processor, eval_scenes, exp.train.answer_length, exp.varied, exp.block_length)
+    grid = []
+    for steps in exp.steps_grid:
+        for name in ("none", "mps", "mrs", "both", "ntk", "yarn"):
+            log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {name}")
+            grid.append(runner.run(steps, name, exp.mps, exp.mrs))
+    out = {"seed": seed, "model_dir": str(model_dir), "training": summary, "mask_prior_top10": runner.top10_tokens,
+           "grid": grid, "sweeps": _sweeps(runner, exp)}
+    if exp.effect_lams:
+        out["mps_effect"] = mps_effect(runner, exp.mps, exp.effect_lams)
+    if not first:
+        return out
+    fast = []
+    n_blocks = exp.train.answer_length // exp.sampler_block
+    for steps in [t for t in exp.steps_grid if t % n_blocks == 0]:
+        for label, kw in exp.samplers.items():
+            log(f"  sampling {len(eval_scenes)} descriptions, T = {steps}, {label} sampler (block {exp.sampler_block})")
+            r = runner.run(steps, sampler={"block_length": exp.sampler_block, **kw})
+            fast.append({"sampler": label, **{k: v for k, v in r.items() if k != "method"}})
     log("  prior cosine per step, with and without MPS")
     cos = prior_cosine_per_step(runner, exp.steps_grid[-1], exp.mps)
+    T = exp.sweep_steps
     log(f"  attention by distance and RoPE band, T = {T}, MRS betas {list(exp.attention_betas)}")
     attention = attention_by_distance(runner, T, exp.mrs, exp.attention_betas)
-    return {
-        "config": exp.to_dict(), "model_dir": str(model_dir),
-        "training": {k: v for k, v in summary.items() if k != "log_history"},
-        "mask_prior_top10": runner.top10_tokens, "grid": grid, "fast": fast, "sweeps": sweeps, "prior_cosine": cos,
-        "attention": attention, "paper": PAPER,
-    }
+    return {**out, "fast": fast, "prior_cosine": cos, "attention": attention}
+
+
+SEED_KEYS = ("seed", "model_dir", "training", "grid", "sweeps", "mps_effect")  # what ``seeds`` keeps of each seed
+
+
+def run_diffusion_experiment(exp: DiffusionExperiment, ctx: ExperimentContext) -> dict:
+    """Train (or reuse) the diffusion VLM of each training seed and run the grid, the sweeps and the analyses on
+    held-out scenes. The first seed's results sit at the top level; with several seeds, ``seeds`` holds each one's
+    and ``over_seeds`` their means and intervals."""
+    eval_scenes = WorldSamples.from_scenes(ctx.world, world_scenes(ctx.world, exp.n_scenes, seed=exp.scene_seed,
+                                                               n_objects=exp.n_objects))
+    runs = [_one_seed(exp, ctx, eval_scenes, seed, i == 0) for i, seed in enumerate(exp.training_seeds)]
+    out = {"config": exp.to_dict(), **{k: v for k, v in runs[0].items() if k != "seed"}, "paper": PAPER}
+    if len(runs) > 1:
+        out["seeds"] = [{k: r[k] for k in SEED_KEYS if k in r} for r in runs]
+        out["over_seeds"] = over_seeds(runs)
+    return out

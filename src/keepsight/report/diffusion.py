@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .html import fmt, img_tag, table
 from .plots import plot_panels
+from .seeds import fmt_ci
 
 COLUMNS = (("distinct-2", "distinct_2"), ("repetition", "repetition_ratio"),
            ("repeats in mask top-10", "repeats_in_mask_top10"), ("CHAIRi", "chair_i"),
@@ -34,6 +35,56 @@ def _fast_rows(res: dict) -> list[list]:
 
 
 FAST_HEADER = ["T", "sampler"] + [c for c, _ in FAST] + ["FLOPs saving", "recall vs plain"]
+
+
+SEED_COLUMNS = (("repetition", "repetition_ratio"), ("distinct-2", "distinct_2"), ("CHAIRi", "chair_i"),
+                ("object recall", "object_recall"))
+SEED_HEADER = (["T", "method"] + [c for c, _ in SEED_COLUMNS] + [f"{c} vs none" for c, _ in SEED_COLUMNS])
+
+
+def _seed_rows(res: dict) -> list[list]:
+    """Per (T, method): each metric's mean [95% t interval] over the training seeds, and its paired difference from
+    no method."""
+    ov = res["over_seeds"]
+    diff = {(r["steps"], r["method"]): r for r in ov["vs_none"]}
+    return [[r["steps"], r["method"]] + [fmt_ci(r[k]) for _, k in SEED_COLUMNS]
+            + [fmt_ci(diff[(r["steps"], r["method"])][k]) if (r["steps"], r["method"]) in diff else "–"
+               for _, k in SEED_COLUMNS] for r in ov["grid"]]
+
+
+def _seed_sweep_rows(res: dict) -> list[list]:
+    return [[s["param"], s["value"]] + [fmt_ci(s[k]) for _, k in SEED_COLUMNS]
+            + [fmt_ci(s["vs_none"].get(k)) for _, k in SEED_COLUMNS] for s in res["over_seeds"]["sweeps"]]
+
+
+EFFECT_HEADER = ["seed", "lam", "|dh| / |h|", "prior top-10 prob before", "after", "argmax changed"]
+
+
+def _effect_rows(res: dict) -> list[list]:
+    runs = res.get("seeds") or [{"seed": None, "mps_effect": res.get("mps_effect")}]
+    return [[r["seed"], e["lam"], e["move"], e["top10_before"], e["top10_after"], e["argmax_changed"]]
+            for r in runs if r.get("mps_effect") for e in r["mps_effect"]["by_lam"]]
+
+
+def _effect_text(res: dict) -> str:
+    """One sentence per seed: the fit's state norms, |mu|, the LM head input's norm and the mean gate."""
+    runs = res.get("seeds") or [{"seed": None, "mps_effect": res.get("mps_effect")}]
+    out = []
+    for r in runs:
+        e = r.get("mps_effect")
+        if e:
+            who = "" if r["seed"] is None else f"seed {r['seed']}: "
+            out.append(f"{who}fit states' norms {' / '.join(f'{x:.1f}' for x in e['state_norms'])} (the last is the "
+                       f"final norm's output), |mu| {e['mu_norm']:.1f}, LM head input |h| {e['h_norm']:.1f} at the "
+                       f"masked slots, mean gate cos(z, u) {e['gate']:.3f}")
+    return "; ".join(out)
+
+
+EFFECT_INTRO = ("MPS's effect where it acts: the sampler's first forward (every slot masked), the LM head's input h "
+                "before and after the released update at each lam. The update is centred on mu, the mean of the fit's "
+                "states; where |mu| is far larger than |h| (the decoder layers' outputs against the final norm's), "
+                "(h - mu) is nearly -mu at every slot, the gate is open everywhere and the update is nearly one "
+                "constant shift of size lam |mu|.")
 
 
 def _overhead(res: dict) -> list[list]:
@@ -149,12 +200,34 @@ def diffusion_sections(res: dict, attention_plot: Path | None = None) -> list[tu
          table(["step", "no fix", "MPS"], cos_rows)),
         ("Diffusion: sampler latency with MPS + MRS", table(["T", "plain s", "MPS + MRS s", "overhead"],
                                                              _overhead(res))),
-    ] + ([(f"Diffusion: fast samplers (block {cfg.get('sampler_block')})",
+    ] + _seed_sections(res) + ([(f"Diffusion: fast samplers (block {cfg.get('sampler_block')})",
            "<p>The block cache (prefix: the prompt and finished blocks; dual: also the slots after the block) "
            "refreshed at each block's first step, and confidence-threshold parallel decoding, beside the plain "
            "sampler at the same block length. Positions / answer: what the model's forwards ran, the FLOPs proxy. "
            "Goal: at least 2x fewer FLOPs at T = 32 with recall within 0.02.</p>"
            + table(FAST_HEADER, _fast_rows(res)))] if res.get("fast") else []) + _attention_sections(res, attention_plot)
+
+
+def _seed_sections(res: dict) -> list[tuple[str, str]]:
+    out = []
+    if res.get("over_seeds"):
+        n = res["over_seeds"]["n"]
+        out.append((f"Diffusion: methods x steps over {n} training seeds",
+                    f"<p>Mean [95% t interval] over {n} training seeds of the diffusion VLM; 'vs none': the paired "
+                    "difference from no method at the same T.</p>" + table(SEED_HEADER, _seed_rows(res))))
+        if res["over_seeds"]["sweeps"]:
+            out.append((f"Diffusion: sweeps at T = {res['config']['sweep_steps']} over {n} training seeds",
+                        table(["parameter", "value"] + SEED_HEADER[2:], _seed_sweep_rows(res))))
+    rows = _effect_rows(res)
+    if rows:
+        out.append(("Diffusion: what MPS does to the LM head's input",
+                    f"<p>{EFFECT_INTRO} {_effect_text(res)}.</p>" + table(EFFECT_HEADER, rows)))
+    return out
+
+
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+            + ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows])
 
 
 def diffusion_markdown(res: dict) -> str:
@@ -174,6 +247,16 @@ def diffusion_markdown(res: dict) -> str:
         lines += ["", f"Fast samplers (block {res['config'].get('sampler_block')}):", "",
                   "| " + " | ".join(FAST_HEADER) + " |", "| " + " | ".join("---" for _ in FAST_HEADER) + " |"]
         lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _fast_rows(res)]
+    if res.get("over_seeds"):
+        n = res["over_seeds"]["n"]
+        lines += ["", f"Over {n} training seeds of the diffusion VLM (mean [95% t interval]; 'vs none': the paired "
+                      "difference from no method at the same T):", ""] + _md_table(SEED_HEADER, _seed_rows(res))
+        if res["over_seeds"]["sweeps"]:
+            lines += ["", f"Sweeps at T = {cfg['sweep_steps']} over {n} training seeds:", ""]
+            lines += _md_table(["parameter", "value"] + SEED_HEADER[2:], _seed_sweep_rows(res))
+    rows = _effect_rows(res)
+    if rows:
+        lines += ["", f"{EFFECT_INTRO} {_effect_text(res)}.", ""] + _md_table(EFFECT_HEADER, rows)
     cos = res["prior_cosine"]
     if cos["none"]:
         lines += ["", f"Prior |cos| of still-masked slots, first / last step: no fix {cos['none'][0]:.3f} / "
