@@ -2,6 +2,7 @@
 by the varied parser on hand-made cases."""
 
 import numpy as np
+import pytest
 
 from keepsight.metrics import chair
 from keepsight.metrics.parse import parse_description
@@ -53,3 +54,20 @@ def test_the_varied_task_in_the_dataset_is_seeded():
     assert [one[i].answer for i in range(5)] != [VLMDataset(samples, ("describe_varied",), seed=4)[i].answer
                                                  for i in range(5)]
     assert {one.category(i) for i in range(5)} == {"describe_varied"}
+
+
+def test_varied_repeats_sets_the_share_of_varied_descriptions():
+    """``varied_repeats``: each scene gets that many varied descriptions, each drawn anew, beside
+    ``describe_repeats`` copies of the fixed one (by default as many of each)."""
+    cfg = world_config()
+    samples = WorldSamples.from_scenes(cfg, generate_scenes(cfg, 4, seed=1))
+    mix = ("describe", "describe_varied")
+    same = VLMDataset(samples, mix, seed=3, describe_repeats=2)
+    assert [same.category(i) for i in range(len(same))].count("describe_varied") == 8 and len(same) == 16
+    more = VLMDataset(samples, mix, seed=3, describe_repeats=2, varied_repeats=3)
+    cats = [more.category(i) for i in range(len(more))]
+    assert cats.count("describe") == 8 and cats.count("describe_varied") == 12
+    first = [more[i].answer for i in range(len(more)) if more.items[i][0] == 0 and cats[i] == "describe_varied"]
+    assert len(set(first)) == 3  # drawn anew, not copies
+    with pytest.raises(ValueError, match="varied_repeats must be >= 1"):
+        VLMDataset(samples, mix, varied_repeats=0)

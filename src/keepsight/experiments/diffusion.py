@@ -65,6 +65,7 @@ class DiffusionExperiment:
     # ("describe_varied": many right answers per scene, the regime where parallel decoding repeats)
     text_layers: int | None = None  # the diffusion LM's depth (None: the base preset's; MPS's k = 3 needs > 4)
     describe_repeats: int = 1  # repeats of each description among the training items
+    varied_repeats: int | None = None  # varied descriptions per scene ("describe_varied"; None: describe_repeats)
     # a curriculum: the model trained on ``tasks`` is then fine-tuned with ``finetune`` on ``finetune_tasks`` (its
     # seed also draws the varied texts anew); None: one stage
     finetune: DiffusionTrainConfig | None = None
@@ -306,10 +307,13 @@ def _train_model(exp: DiffusionExperiment, ctx: ExperimentContext, seed: int) ->
     spec = {**asdict(cfg), "tasks": list(exp.tasks), "describe_repeats": exp.describe_repeats, "training_code": 2}
     if exp.text_layers is not None:
         spec["text_layers"] = exp.text_layers
+    if exp.varied_repeats is not None:
+        spec["varied_repeats"] = exp.varied_repeats
     key = digest(spec, 12)
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({cfg.steps} steps, seed {seed}) -> {model_dir}")
-    data = VLMDataset(train, exp.tasks, cfg.seed, describe_repeats=exp.describe_repeats)
+    data = VLMDataset(train, exp.tasks, cfg.seed, describe_repeats=exp.describe_repeats,
+                      varied_repeats=exp.varied_repeats)
     summary = train_diffusion(lambda: llada_v_init(base_dir, cfg.seed, exp.text_layers), data, model_dir,
                               cfg, progress=False, source=str(base_dir))
     if exp.finetune is not None:
@@ -318,7 +322,8 @@ def _train_model(exp: DiffusionExperiment, ctx: ExperimentContext, seed: int) ->
         key = digest(spec, 12)
         stage1, model_dir = model_dir, Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
         log(f"  fine-tuned on {list(exp.finetune_tasks)} ({tune.steps} steps) -> {model_dir}")
-        data = VLMDataset(train, exp.finetune_tasks, tune.seed, describe_repeats=exp.describe_repeats)
+        data = VLMDataset(train, exp.finetune_tasks, tune.seed, describe_repeats=exp.describe_repeats,
+                          varied_repeats=exp.varied_repeats)
         first = summary
         summary = train_diffusion(lambda: load_checkpoint(stage1, dtype=None, device="cpu", expect="diffusion"), data,
                                   model_dir, tune, progress=False, source=str(stage1))

@@ -169,19 +169,24 @@ class VLMDataset(torch.utils.data.Dataset):
     "describe_ask" (a description turn, then one yes/no question, the image shown again before the question half
     the time: ``dialog.describe_then_ask``; the generated-text regime's format and its oracle's).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
-    kind of item, so this sets the share of optimizer steps spent on long descriptions."""
+    kind of item, so this sets the share of optimizer steps spent on long descriptions. ``varied_repeats``: how many
+    varied descriptions each scene gets (each drawn anew; None: ``describe_repeats``)."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
              "chat_image", "lookup", "describe_ask", "rehearse", "yes_no_balanced")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16,
-                 rehearsal: tuple[int, int] = (4, 4)):
+                 rehearsal: tuple[int, int] = (4, 4), varied_repeats: int | None = None):
         unknown = set(mix) - set(self.TASKS)
         if unknown:
             raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {self.TASKS}")
         if max_turns < 2:
             raise ValueError(f"max_turns must be >= 2, got {max_turns}")
+        varied_repeats = describe_repeats if varied_repeats is None else varied_repeats
+        if varied_repeats < 1 or describe_repeats < 1:
+            raise ValueError(f"describe_repeats and varied_repeats must be >= 1, got {describe_repeats} and "
+                             f"{varied_repeats}")
         rng = np.random.default_rng(seed)
         self.samples = samples
         self.items: list[tuple[int, str, str]] = []  # (scene index, prompt, answer)
@@ -244,8 +249,8 @@ class VLMDataset(torch.utils.data.Dataset):
                 self.items += [(i, q["question"], q["answer"]) for q in qs]
                 self.categories += ["colour" if q["kind"] == "colour_yes_no" else "lookup" for q in qs]
             if "describe_varied" in mix:
-                self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(describe_repeats)]
-                self.categories += ["describe_varied"] * describe_repeats
+                self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(varied_repeats)]
+                self.categories += ["describe_varied"] * varied_repeats
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 
