@@ -222,12 +222,18 @@ class MaskPriorSuppression:
         new = (hf - self.lam * (coef @ U.T)).to(h.dtype)  # [B, T, d]
         return torch.where(where[..., None].to(h.device), new, h)
 
-    def _suppress_released(self, h: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    def released_gate(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The released update's terms for ``h [B, T, d]``: ``z.u`` and the gate ``clamp(cos(z, u), 0, 1)``, each
+        ``[B, T]`` (``z = (h - mu) V_k``)."""
         V, mu, u = self.U.to(h.device), self.mu.to(h.device), self.u.to(h.device)  # [d, k], [d], [k]
         z = (h.float() - mu) @ V  # [B, T, k]
         along = z @ u  # [B, T]: z.u
-        cos = (along / (z.norm(dim=-1) + 1e-6)).clamp(0.0, 1.0)  # [B, T]
-        new = (h.float() - (self.lam * cos * along)[..., None] * (V @ u)).to(h.dtype)  # [B, T, d]
+        return along, (along / (z.norm(dim=-1) + 1e-6)).clamp(0.0, 1.0)
+
+    def _suppress_released(self, h: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        along, cos = self.released_gate(h)  # [B, T] each
+        direction = self.U.to(h.device) @ self.u.to(h.device)  # [d]: V_k u
+        new = (h.float() - (self.lam * cos * along)[..., None] * direction).to(h.dtype)  # [B, T, d]
         return torch.where(where[..., None].to(h.device), new, h)
 
     @contextmanager

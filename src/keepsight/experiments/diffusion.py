@@ -251,8 +251,7 @@ def mps_effect(runner: _Runner, mps_kw: dict, lams) -> dict:
     h = box["h"][:, -runner.gen_length:].detach().float()  # [B, G, d]: the LM head's input at the masked slots
     head = model.get_output_embeddings().weight.detach().float()  # [V, d]
     top10 = sorted(runner.top10)
-    z = (h - fitted.mu) @ fitted.U  # [B, G, k]
-    gate = ((z @ fitted.u) / (z.norm(dim=-1) + 1e-6)).clamp(0.0, 1.0)  # [B, G]
+    gate = fitted.released_gate(h)[1]  # [B, G]
     before = (h @ head.T).softmax(-1)  # [B, G, V]
     where = torch.ones(h.shape[:2], dtype=torch.bool)
     rows = []

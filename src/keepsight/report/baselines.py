@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.baselines import COMPARE_HEADER, compare
-from .html import fmt, table
+from .html import md_table, table
 
 
 def _pope_rows(res: dict) -> list[list]:
@@ -42,7 +42,5 @@ def baselines_report(res: dict, out_dir: Path) -> list[tuple[str, str]]:
 
 
 def baselines_markdown(res: dict) -> str:
-    lines = ["", "Training-free baselines vs PVM (world, same scenes):", "",
-             "| " + " | ".join(COMPARE_HEADER) + " |", "| " + " | ".join("---" for _ in COMPARE_HEADER) + " |"]
-    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in compare(res)]
+    lines = ["", "Training-free baselines vs PVM (world, same scenes):", "", *md_table(COMPARE_HEADER, compare(res))]
     return "\n".join(lines)

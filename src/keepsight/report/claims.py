@@ -300,6 +300,14 @@ def _diffusion_seed_claims(res: dict, command: str) -> list[dict]:
     return rows
 
 
+def _describing(grid: dict) -> tuple[bool, str]:
+    """Whether the model describes (object recall >= DESCRIBES with no method at the most steps; else CHAIR / recall
+    say nothing, and repetition is a weak model's as much), and the words that say it does not."""
+    many = max(t for t, _ in grid)
+    recall = grid[(many, "none")]["object_recall"]
+    return recall >= DESCRIBES, f"the model describes poorly: object recall {recall:.3f} at T = {many}"
+
+
 def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
     """The MPS / MRS paper's claims against the diffusion experiment's grid (and the fast sampler's goal); from the
     seeds' intervals where the experiment ran several training seeds."""
@@ -310,9 +318,7 @@ def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
     steps = sorted({t for t, _ in grid})
     few, many = steps[0], steps[-1]
     rows = []
-    recall = grid[(many, "none")]["object_recall"]
-    describes = recall >= DESCRIBES  # else CHAIR / recall say nothing, and repetition is a weak model's as much
-    poorly = f"the model describes poorly: object recall {recall:.3f} at T = {many}"
+    describes, poorly = _describing(grid)
     rep_few, rep_many = grid[(few, "none")]["repetition_ratio"], grid[(many, "none")]["repetition_ratio"]
     verdict = ("not reproduced (no repetition regime)" if rep_few < 0.01 else
                "not reproduced" if rep_few <= rep_many + 0.01 else "reproduced" if describes else f"partly ({poorly})")
@@ -355,11 +361,7 @@ def _diffusion_claims(res: dict, profile: str | None) -> list[dict]:
 
 def _fast_claims(res: dict, command: str) -> list[dict]:
     """The fast sampler's goal, from the (first seed's) fast-sampler runs."""
-    grid = {(r["steps"], r["method"]): r for r in res["grid"]}
-    many = max(t for t, _ in grid)
-    recall = grid[(many, "none")]["object_recall"]
-    describes = recall >= DESCRIBES
-    poorly = f"the model describes poorly: object recall {recall:.3f} at T = {many}"
+    describes, poorly = _describing({(r["steps"], r["method"]): r for r in res["grid"]})
     rows = []
     fast = {(r["steps"], r["sampler"]): r for r in res.get("fast", [])}
     t32 = 32 if (32, "plain") in fast else max((t for t, _ in fast), default=None)

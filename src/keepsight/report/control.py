@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .html import table
+from .html import md_table, table
 
 LABELS = {"base_with_image": "base, image seen", "base": "base, image withheld (text-only level)",
           "pvm_sft": "+ PVM stage 1, image withheld", "lora": "+ LoRA (matched), image withheld"}
@@ -27,11 +27,6 @@ def _rows(scores: dict, res: dict) -> tuple[list[str], list[list[str]]]:
     rows = [[_label(a, res)] + [f"{v['acc']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
                                   for v in (scores[a][c] for c in cols)] for a in arms]
     return ["arm"] + cols, rows
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-            + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _verdict(res: dict) -> str:
@@ -65,8 +60,8 @@ def control_sections(res: dict, run_dir: Path | None = None) -> list[tuple[str, 
 
 def control_markdown(res: dict) -> str:
     lines = ["", "PVM mechanism control (the image withheld from the language model, held-out prior-balanced yes/no, "
-             "95% intervals):", "", *_md_table(*_rows(res["arms"], res)), "", _verdict(res)]
+             "95% intervals):", "", *md_table(*_rows(res["arms"], res), cell=str), "", _verdict(res)]
     if "ordinary" in res:
-        lines += ["", ORDINARY, "", *_md_table(*_rows(res["ordinary"], res))]
-    lines += ["", "The same arms' open answers (exact match, 95% intervals):", "", *_md_table(*_rows(res["open"], res))]
+        lines += ["", ORDINARY, "", *md_table(*_rows(res["ordinary"], res), cell=str)]
+    lines += ["", "The same arms' open answers (exact match, 95% intervals):", "", *md_table(*_rows(res["open"], res), cell=str)]
     return "\n".join(lines)

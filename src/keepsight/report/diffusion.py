@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .html import fmt, img_tag, table
+from .html import fmt, img_tag, md_table, table
 from .plots import plot_panels
 from .seeds import fmt_ci
 
@@ -60,17 +60,20 @@ def _seed_sweep_rows(res: dict) -> list[list]:
 EFFECT_HEADER = ["seed", "lam", "|dh| / |h|", "prior top-10 prob before", "after", "argmax changed"]
 
 
+def _effect_runs(res: dict) -> list[dict]:
+    """Each training seed's ``{"seed", "mps_effect"}`` (one seed: the results' own, its seed unnamed)."""
+    return res.get("seeds") or [{"seed": None, "mps_effect": res.get("mps_effect")}]
+
+
 def _effect_rows(res: dict) -> list[list]:
-    runs = res.get("seeds") or [{"seed": None, "mps_effect": res.get("mps_effect")}]
     return [[r["seed"], e["lam"], e["move"], e["top10_before"], e["top10_after"], e["argmax_changed"]]
-            for r in runs if r.get("mps_effect") for e in r["mps_effect"]["by_lam"]]
+            for r in _effect_runs(res) if r.get("mps_effect") for e in r["mps_effect"]["by_lam"]]
 
 
 def _effect_text(res: dict) -> str:
     """One sentence per seed: the fit's state norms, |mu|, the LM head input's norm and the mean gate."""
-    runs = res.get("seeds") or [{"seed": None, "mps_effect": res.get("mps_effect")}]
     out = []
-    for r in runs:
+    for r in _effect_runs(res):
         e = r.get("mps_effect")
         if e:
             who = "" if r["seed"] is None else f"seed {r['seed']}: "
@@ -225,38 +228,28 @@ def _seed_sections(res: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _md_table(header: list[str], rows: list[list]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-            + ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows])
-
-
 def diffusion_markdown(res: dict) -> str:
     cfg = res["config"]
     lines = ["", f"Diffusion experiment ({_window(cfg)}, LLaDA-style sampler):", "",
-             "| T | method | " + " | ".join(c for c, _ in COLUMNS) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
-    lines += [f"| {r[0]} | {r[1]} | " + " | ".join(fmt(x) for x in r[2:]) + " |" for r in _grid_rows(res)]
+             *md_table(["T", "method"] + [c for c, _ in COLUMNS], _grid_rows(res))]
     if res.get("sweeps"):
         header = ["parameter", "value"] + [c for c, _ in COLUMNS[:-1]]
         lines += ["", f"Sweeps at T = {cfg['sweep_steps']} (released MPS: lam, k; released MRS: beta, eta, tau0, schedule; our "
                   "earlier readings: projection_lam, prior, center, layers (MPS), amplitude_beta, frequency_beta (MRS)):", "",
-                  "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-        lines += ["| " + " | ".join(fmt(x) for x in [s["param"], s["value"]] + [s[k] for _, k in COLUMNS[:-1]]) + " |"
-                  for s in res["sweeps"]]
+                  *md_table(header, [[s["param"], s["value"]] + [s[k] for _, k in COLUMNS[:-1]] for s in res["sweeps"]])]
     if res.get("fast"):
         lines += ["", f"Fast samplers (block {res['config'].get('sampler_block')}):", "",
-                  "| " + " | ".join(FAST_HEADER) + " |", "| " + " | ".join("---" for _ in FAST_HEADER) + " |"]
-        lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _fast_rows(res)]
+                  *md_table(FAST_HEADER, _fast_rows(res))]
     if res.get("over_seeds"):
         n = res["over_seeds"]["n"]
         lines += ["", f"Over {n} training seeds of the diffusion VLM (mean [95% t interval]; 'vs none': the paired "
-                      "difference from no method at the same T):", ""] + _md_table(SEED_HEADER, _seed_rows(res))
+                      "difference from no method at the same T):", ""] + md_table(SEED_HEADER, _seed_rows(res))
         if res["over_seeds"]["sweeps"]:
             lines += ["", f"Sweeps at T = {cfg['sweep_steps']} over {n} training seeds:", ""]
-            lines += _md_table(["parameter", "value"] + SEED_HEADER[2:], _seed_sweep_rows(res))
+            lines += md_table(["parameter", "value"] + SEED_HEADER[2:], _seed_sweep_rows(res))
     rows = _effect_rows(res)
     if rows:
-        lines += ["", f"{EFFECT_INTRO} {_effect_text(res)}.", ""] + _md_table(EFFECT_HEADER, rows)
+        lines += ["", f"{EFFECT_INTRO} {_effect_text(res)}.", ""] + md_table(EFFECT_HEADER, rows)
     cos = res["prior_cosine"]
     if cos["none"]:
         lines += ["", f"Prior |cos| of still-masked slots, first / last step: no fix {cos['none'][0]:.3f} / "
@@ -267,8 +260,7 @@ def diffusion_markdown(res: dict) -> str:
         header = _attention_header(att)
         lines += ["", f"Attention of generation slots (T = {res['config']['sweep_steps']}; mass per key kind, and "
                       "the highest / lowest RoPE band's share of |logit| for visual and mask keys):", "",
-                  "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-        lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in _attention_rows(att)]
+                  *md_table(header, _attention_rows(att))]
     return "\n".join(lines)
 
 

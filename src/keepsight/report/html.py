@@ -28,6 +28,12 @@ def fmt(x, digits: int = 3) -> str:
     return esc(x)
 
 
+def md_table(header: list[str], rows: list[list], cell=fmt) -> list[str]:
+    """A Markdown table's lines: the header, its rule, and each row's cells as ``cell`` writes them."""
+    return (["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+            + ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows])
+
+
 def table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join(
