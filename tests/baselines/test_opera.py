@@ -131,6 +131,35 @@ def test_a_batch_row_that_ends_early_is_padded(released):
     assert (out[1, P + m:] == pad).all()
 
 
+@pytest.mark.parametrize("name", list(gen.CASES))
+def test_the_release_case_decoded_beside_another_prompt(released, name):
+    """Each release case's prompt decoded together with a longer prompt (one forward a step for both prompts' fed
+    tokens, one for both prompts' candidates): its rollbacks rebuild its own cache and splice it, left-padded, into
+    the shared one (the threshold-3 case's rebuild in two forwards, its generated ids holding the image placeholder),
+    and it still gives the release's tokens; the other prompt gives its tokens alone."""
+    meta, ref, models, _ = released
+    model = models[gen.CASES[name]["variant"]]
+    proc = gen.processor()
+    text, img = gen.prompt(proc)
+    with padding_side(proc.tokenizer, "left"):
+        batch = dict(proc(text=[text, text + " . ."], images=[img, img], return_tensors="pt", padding=True))
+    other = dict(proc(text=[text + " . ."], images=[img], return_tensors="pt"))
+    n = gen.CASES[name]["max_new_tokens"]
+    together, alone = OPERA(_case_config(name, scored_prompt="embeds")), OPERA(_case_config(name, scored_prompt="embeds"))
+    with together.apply(model):
+        out = model.generate(**batch, max_new_tokens=n)
+    with alone.apply(model):
+        single = model.generate(**other, max_new_tokens=n)
+    P, m = batch["input_ids"].shape[1], single.shape[1] - other["input_ids"].shape[1]
+    assert torch.equal(out[0, P: P + ref[f"{name}_tokens"].shape[0]], ref[f"{name}_tokens"])
+    assert torch.equal(out[1, P: P + m], single[0, -m:])
+    s, a = together.stats(), alone.stats()
+    assert s["rollbacks"] == meta["results"][name]["rollbacks"] + a["rollbacks"]
+    assert s["steps"] == meta["results"][name]["steps"] + a["steps"]
+    # the prefills and rebuilds run per prompt; every step's forwards are shared
+    assert s["forwards"] - s["rollback_forwards"] - 2 < 2 * max(meta["results"][name]["steps"], a["steps"])
+
+
 # ----------------------------------------------------------------------------- plain beam search
 
 
@@ -196,15 +225,20 @@ def test_own_loop_with_every_token_a_candidate_is_hf_beam_search():
 
 def test_a_left_padded_batch_equals_each_row_alone(llava):
     model, proc, batch, rows = llava
-    opera = OPERA()
+    opera, apart = OPERA(), OPERA()
     with opera.apply(model):
         out = model.generate(**batch, max_new_tokens=5, num_beams=2)
+    with apart.apply(model):
         alone = [model.generate(**row, max_new_tokens=5) for row in rows]
     P = batch["input_ids"].shape[1]
     assert out.shape == (2, P + 5) and torch.equal(out[:, :P], batch["input_ids"])
     for b, single in enumerate(alone):
         assert torch.equal(out[b, P:], single[0, single.shape[1] - 5:])
-    assert opera.stats()["rows"] == 4 and opera.stats()["candidate_forwards"] == 4 * 5 * 5
+    s = opera.stats()
+    assert s["rows"] == 2 and s["candidate_forwards"] == apart.stats()["candidate_forwards"] == 2 * 5 * 5
+    # the rows decode together: a prefill each, then per step one forward for both rows' candidates and one for both
+    # rows' fed tokens (the last step feeds none), where alone each row runs its own
+    assert s["forwards"] == 2 + 5 + 4 < apart.stats()["forwards"] == 2 * (1 + 5 + 4)
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3vl", "tiny-qwen25vl"])

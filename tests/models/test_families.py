@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from families import FAMILY_BUILDERS, family_batch, registered_settings, save_family, tiny_family
-from keepsight.baselines.opera import OPERA
+from keepsight.baselines.opera import OPERA, _together
 from keepsight.cli import main
 from keepsight.inference import build_method
 from keepsight.inference.support import kinds, support
@@ -214,7 +214,8 @@ def test_baselines_at_strength_act_and_keep_rows_apart(family, name):
 
 
 def test_opera_rows_alone_equal_the_batch(family):
-    """OPERA decodes each row alone: a left-padded batch gives each row's tokens alone. The two images differ in
+    """OPERA decodes a batch's rows together (each alone where the cache cannot be stacked: sliding windows, recurrent
+    layers): a left-padded batch gives each row's tokens alone. The two images differ in
     aspect, so on the families whose images give each its own token count (tiles, sizes, runs) the rows hold
     different numbers of image tokens and pixel entries, and the split must give each row its own."""
     kind, _, model, processor, _, _ = family
@@ -225,13 +226,17 @@ def test_opera_rows_alone_equal_the_batch(family):
     images = [Image.new("RGB", (64, 64), (200, 20, 20)), Image.new("RGB", (64, 32), (20, 90, 200))]
     batch = family_batch(processor, QUESTIONS, images)
     rows = [family_batch(processor, [q], [im]) for q, im in zip(QUESTIONS, images)]
-    opera = OPERA(num_beams=2, num_attn_candidates=2)
+    opera, apart = OPERA(num_beams=2, num_attn_candidates=2), OPERA(num_beams=2, num_attn_candidates=2)
     with opera.apply(model):
         together = _gen(model, processor, batch)[:, batch["input_ids"].shape[1]:]
+    with apart.apply(model):
         for r, row in enumerate(rows):
             alone = _gen(model, processor, row)[:, row["input_ids"].shape[1]:]
             assert torch.equal(together[r, : alone.shape[1]], alone[0]), r
-    assert opera.stats()["rows"] == 4 and opera.stats()["steps"] > 0
+    s, a = opera.stats(), apart.stats()
+    assert s["rows"] == a["rows"] == 2 and s["steps"] == a["steps"] > 2
+    # together: the steps' forwards are shared; alone (a sliding window or a recurrent layer) each row runs its own
+    assert (s["forwards"] < a["forwards"]) == _together(model) and s["forwards"] <= a["forwards"]
 
 
 def test_opera_candidates_in_one_forward_equal_one_forward_each(family, monkeypatch):

@@ -39,10 +39,17 @@ In keepsight the method replaces ``model.generate`` inside ``apply``: the usual 
 ``attention_mask``, the image inputs and per-token inputs the architecture table names, e.g. Qwen-VL's
 ``image_grid_thw`` / ``mm_token_type_ids``, ``max_new_tokens``, ...)
 returns ``[B, P + new]`` ids like HF's decoder-only generate. **The beam count is the config's ``num_beams``,
-whatever the caller passes** (OPERA is a beam search; the paper's 5 by default). Each row runs alone (its left
-padding stripped, its own images split off as the architecture table's ``image_layout`` says: ``_split_rows``), so a
-row's output never depends on its batch. A candidate's forward is undone exactly (``_CacheMark``: attention layers
-by reference, recurrent layers' in-place states from a copy), so hybrid stacks (Qwen3.5) and sliding windows run. The language model runs with eager attention
+whatever the caller passes** (OPERA is a beam search; the paper's 5 by default). The batch's prompts decode
+together (``_Beams``): each prompt's left padding is stripped and its own images split off as the architecture table's
+``image_layout`` says (``_split_rows``); each is prefilled alone, then their beams share one cache, each prompt's keys
+left-padded to the longest and masked, at its own positions (as Hugging Face's generate computes them), so a step
+is one forward for every prompt's fed tokens and one for every prompt's candidates. A prompt's rollback rebuilds its
+cache alone and splices it in; a prompt that ends leaves the batch. A row's tokens equal its tokens decoded alone
+(the tests). Where the cache cannot be stacked (a sliding window: Gemma 3 / 4; a recurrent layer: Qwen3.5) each
+prompt decodes alone. The candidate forward holds the cache ``min(N, CANDIDATES_PER_FORWARD)`` times over for the
+whole batch: a smaller batch is the memory knob. A candidate's forward is undone exactly (``_CacheMark``: attention
+layers by reference, recurrent layers' in-place states from a copy), so hybrid stacks (Qwen3.5) and sliding
+windows run. The language model runs with eager attention
 during the search (the release's transformers 4.29.2 LLaMA has nothing else; it also gives the last layer's
 attention probabilities), the original implementation is restored afterwards. ``OPERAConfig.off()`` (penalty 0, no
 rollback, every token a candidate) is plain beam search and simply calls the model's own ``generate(num_beams=...)``;
@@ -66,6 +73,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -85,6 +93,7 @@ FLOOR = -999.0  # U:3543-3552 / U:3556: the floor of rejected and non-candidate 
 # token a candidate (num_attn_candidates None) goes in forwards of this many
 CANDIDATES_PER_FORWARD = 8
 SCORED_PROMPT = ("llava", "embeds", "full")
+COUNTERS = ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards", "banned_candidates")
 GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "pad_token_id", "eos_token_id",
                     "bos_token_id", "generation_config", "use_cache", "output_attentions", "temperature", "top_p",
                     "top_k", "length_penalty", "early_stopping", "num_return_sequences", "return_dict_in_generate",
@@ -344,194 +353,380 @@ def _replay(rows: list, k: int, prompt: int, dtype, device) -> torch.Tensor:
     return out
 
 
+def _stackable(cache) -> bool:
+    """Whether several prompts' beams can share ``cache``: every layer plain full-attention keys / values, which can
+    be left-padded to a common length and masked (a sliding window keeps only its last tokens, a recurrent layer
+    has no positions to mask)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _together(model) -> bool:
+    """Whether a batch's prompts can decode together on ``model``: its cache can be stacked (``_stackable``) and
+    its forward takes the positions (each prompt's own, whatever its padding)."""
+    return (_stackable(DynamicCache(config=model.config))
+            and "position_ids" in inspect.signature(model.forward).parameters)
+
+
+def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``t`` zero-padded on the left of ``dim`` to ``width``."""
+    if t.shape[dim] == width:
+        return t
+    shape = list(t.shape)
+    shape[dim] = width - t.shape[dim]
+    return torch.cat([t.new_zeros(shape), t], dim)
+
+
+class _Beams:
+    """The model's forwards for the prompts being decoded: their beams in one cache (prompt ``b``'s beams are rows
+    ``b * K`` to ``b * K + K - 1``), each prompt's keys / values left-padded to the longest with the 2-D attention
+    mask [rows, keys] saying which are real, and each row's last position (``last``: [rows, 1], or [n, rows, 1] for
+    M-RoPE), so a row attends to what it attends to alone, at its own positions. A prompt's prefill and a rollback's
+    rebuild run on that prompt alone (its images only) and are spliced in."""
+
+    def __init__(self, model, k: int, st: dict):
+        self.model, self.k, self.st = model, k, st
+        self.explicit = "position_ids" in inspect.signature(model.forward).parameters
+        self.cache = self.mask = self.last = None
+
+    def forward(self, kw: dict, cache) -> torch.Tensor:
+        self.st["forwards"] += 1
+        out = self.model(**kw, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()  # [rows, V]
+
+    def prefill(self, row: _Row, ids: torch.Tensor):
+        """``ids`` [K, L] (the prompt first) from an empty cache: (logits [K, V], cache, mask, last). Positions as
+        Hugging Face's generate gives them (M-RoPE's from the image grids)."""
+        cache = DynamicCache(config=self.model.config)
+        kw = {**row.prefill_kwargs(ids), "attention_mask": torch.ones_like(ids)}
+        last = None
+        if self.explicit:
+            pos = self.model._prepare_position_ids_for_generation(ids, {k: v for k, v in kw.items() if k != "input_ids"})
+            kw["position_ids"], last = pos, pos[..., -1:]
+        return self.forward(kw, cache), cache, kw["attention_mask"], last
+
+    def run(self, ids: torch.Tensor, cache, mask: torch.Tensor, last):
+        """``ids`` [rows, q] after what ``cache`` holds: (logits [rows, V], the mask and last positions with them)."""
+        mask = torch.cat([mask, mask.new_ones(ids.shape)], -1)
+        kw = {"input_ids": ids, "attention_mask": mask}
+        if last is not None:
+            kw["position_ids"] = last + torch.arange(1, ids.shape[1] + 1, device=ids.device)
+            last = kw["position_ids"][..., -1:]
+        return self.forward(kw, cache), mask, last
+
+    def rebuild(self, row: _Row, ids: torch.Tensor, visual_ids: torch.Tensor):
+        """U:3497-3535: a prompt's cache from scratch (all of ``ids`` [K, L] but the last token, then the last):
+        (logits [K, V], cache, mask, last). A generated id equal to an image placeholder is a text token (the release
+        embeds the generated ids; HF's processors would read it as an image): the prompt, then the rest."""
+        P = row.length
+        if bool(torch.isin(ids[:, P:-1], visual_ids).any()):
+            _, cache, mask, last = self.prefill(row, ids[:, :P])
+            if ids.shape[1] - 1 > P:
+                _, mask, last = self.run(ids[:, P:-1], cache, mask, last)
+        else:
+            _, cache, mask, last = self.prefill(row, ids[:, :-1])
+        logits, mask, last = self.run(ids[:, -1:], cache, mask, last)
+        return logits, cache, mask, last
+
+    def stack(self, parts: list) -> None:
+        """The prompts' (cache, mask, last), in order, as the one batch."""
+        if len(parts) == 1:
+            self.cache, self.mask, self.last = parts[0]
+            return
+        width = max(mask.shape[1] for _, mask, _ in parts)
+        self.cache = DynamicCache(config=self.model.config)
+        for i, layer in enumerate(self.cache.layers):
+            layer.update(torch.cat([_pad_left(c.layers[i].keys, width, 2) for c, _, _ in parts]),
+                         torch.cat([_pad_left(c.layers[i].values, width, 2) for c, _, _ in parts]))
+        self.mask = torch.cat([_pad_left(mask, width, 1) for _, mask, _ in parts])
+        self.last = None if parts[0][2] is None else torch.cat([last for _, _, last in parts], -2)
+
+    def splice(self, b: int, part) -> None:
+        """Prompt ``b``'s beams replaced by ``part`` (a rebuild's cache, mask, last)."""
+        cache, mask, last = part
+        if self.mask.shape[0] == self.k:
+            self.cache, self.mask, self.last = part
+            return
+        rows = slice(b * self.k, (b + 1) * self.k)
+        width = max(self.mask.shape[1], mask.shape[1])
+
+        def put(whole, own, dim):
+            whole = _pad_left(whole, width, dim)
+            return torch.cat([whole[: rows.start], _pad_left(own, width, dim), whole[rows.stop:]])
+
+        for layer, own in zip(self.cache.layers, cache.layers):
+            layer.keys, layer.values = put(layer.keys, own.keys, 2), put(layer.values, own.values, 2)
+        self.mask = put(self.mask, mask, 1)
+        if last is not None:
+            self.last = torch.cat([self.last[..., : rows.start, :], last, self.last[..., rows.stop:, :]], -2)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (each prompt's beams reordered, finished prompts dropped), and drop the key
+        columns that are padding in every row left."""
+        self.cache.reorder_cache(index)
+        self.mask = self.mask[index]
+        if self.last is not None:
+            self.last = self.last.index_select(-2, index)
+        unused = int(self.mask.eq(0).all(0).long().cumprod(0).sum())  # leading columns no row attends to
+        if unused and _stackable(self.cache):
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, unused:], layer.values[:, :, unused:]
+            self.mask = self.mask[:, unused:]
+
+    def pads(self) -> list[int]:
+        """Each prompt's padding columns on the left of the cache."""
+        return self.mask[:: self.k].eq(0).sum(-1).tolist()
+
+    def feed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Every row's fed token ``ids`` [rows, 1] appended: the logits [rows, V]."""
+        logits, self.mask, self.last = self.run(ids, self.cache, self.mask, self.last)
+        return logits
+
+    def peek(self, ids: torch.Tensor, m: int) -> None:
+        """A forward of ``ids`` [rows * m, 1] (row ``r``'s ``m`` candidates at rows ``r * m ..``) on the cache
+        repeated ``m`` times; the caller restores the cache."""
+        if m > 1:
+            self.cache.batch_repeat_interleave(m)
+        last = None if self.last is None else self.last.repeat_interleave(m, dim=-2)
+        self.run(ids, self.cache, self.mask.repeat_interleave(m, 0), last)
+
+
+class _Search:
+    """One prompt's beam search: the release's state (U:3300-3334) and its step, around forwards that ``_Beams``
+    runs for every prompt at once."""
+
+    def __init__(self, row: _Row, cfg: OPERAConfig, max_new_tokens: int, length_penalty: float, early_stopping,
+                 dtype, trace: list | None):
+        k, P = cfg.num_beams, row.length
+        device = row.ids.device
+        self.row, self.cfg, self.k, self.P, self.dtype, self.trace = row, cfg, k, P, dtype, trace
+        self.max_new_tokens = max_new_tokens
+        self.ids = row.ids.expand(k, P).clone()  # [K, P + t] the running beams (U:1645 expands the prompt)
+        prefix = row.scored_prefix(cfg.scored_prompt)
+        self.scorer = _BeamScorer(k, length_penalty, early_stopping, prefix + max_new_tokens, prefix)
+        self.beam_scores = torch.zeros(k, device=device)  # U:3300-3302: beam 0 live, the others at -1e9
+        self.beam_scores[1:] = -1e9
+        self.history_states: list[dict] = []  # U:3306-3313
+        self.history_locs: list[torch.Tensor] = []
+        self.beam_next_tokens = self.beam_idx = None
+        self.max_rollback_time = torch.zeros(WINDOW)
+        self.reject_gather: list = [[] for _ in range(WINDOW)]
+        self.rows_log: list = []  # (beam_idx, fed token's attention row) per step t >= 1: replays attn_previous
+        self.attn_prev = torch.zeros(k, 1, 0, P, dtype=dtype, device=device)  # response rows of attn_previous
+        self.t = 0  # generated tokens (the release's cur_len minus its prompt)
+        self.done = False
+
+    def begin(self, logits: torch.Tensor, fed_row: torch.Tensor | None) -> torch.Tensor:
+        """A step's start: the fed token's logits [K, V] and its last-layer row [K, 1, 1, P + t] (None at the first
+        step, the prefill). Returns the candidates [K, N] (U:3371: top-N raw logits per beam)."""
+        self.state = {"ids": self.ids.clone(), "scorer": copy.deepcopy(self.scorer), "t": self.t}  # U:3330-3334
+        if fed_row is not None:  # U:3348-3357: pad a zero key column, reorder rows with the beams, append the row
+            prev = torch.cat([self.attn_prev, torch.zeros_like(self.attn_prev).sum(-1, keepdim=True)], -1)
+            self.attn_prev = torch.cat([prev[self.beam_idx], fed_row], -2)
+            self.rows_log.append((self.beam_idx, fed_row))
+        self.logits = logits
+        vocab = logits.shape[-1]
+        n = vocab if self.cfg.num_attn_candidates is None else self.cfg.num_attn_candidates
+        if n > vocab:
+            raise ValueError(f"num_attn_candidates {n} exceeds the vocabulary ({vocab} tokens)")
+        self.cand_scores, self.cand_tokens = torch.topk(logits, n, dim=-1, largest=True, sorted=True)
+        self.state.update(candidate_tokens=self.cand_tokens.clone(), beam_scores=self.beam_scores.clone(),
+                          beam_next_tokens=None if self.beam_next_tokens is None else self.beam_next_tokens.clone(),
+                          beam_idx=None if self.beam_idx is None else self.beam_idx.clone())
+        return self.cand_tokens
+
+    def step(self, cand_rows: torch.Tensor, rebuild, eos: list[int], pad: int, min_new_tokens: int,
+             st: dict) -> torch.Tensor:
+        """The rest of the step, from the candidates' last-layer rows [K, N, 1, P + t + 1] (U:3382-3411). ``rebuild``
+        (ids [K, L] -> logits [K, V]) rebuilds this prompt's cache for a rollback. Returns the parent beams [K] the
+        cache is reordered by."""
+        cfg, k, P = self.cfg, self.k, self.P
+        n = self.cand_tokens.shape[1]
+        st["candidate_forwards"] += n
+        padded = torch.cat([self.attn_prev, torch.zeros_like(self.attn_prev).sum(-1, keepdim=True)], -1)
+        # [K, N, t + 1, P + t + 1]: response rows, every key
+        attn_last = torch.cat([padded.expand(k, n, *padded.shape[2:]), cand_rows], -2)
+        attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
+        attn_local = attn_last[..., P:]  # U:3420: the response block [r:, r:], [K, N, t + 1, t + 1]
+        attn_local = cfg.scale_factor * attn_local  # U:3423
+        # U:3424-3428 (release: a float16 buffer; phi saturates to inf above 65504)
+        local_scores = torch.zeros(attn_local.shape[:2] + attn_local.shape[-1:], dtype=torch.float16,
+                                   device=attn_local.device)  # [K, N, t + 1]
+        for j in range(attn_local.shape[-1]):
+            local_scores[..., j] = (1e-7 * attn_local[..., j:, j].prod(-1)).to(torch.float32)
+        cur_response_lens = attn_local.shape[-1]  # t + 1
+        attn_i = attn_last[:, :, -1, self.row.image_start: self.row.image_end + 1].sum(-1)  # U:3432 [K, N]
+        rollback_scores, rollback_locs = local_scores.max(-1)  # U:3436 [K, N]
+        rollback_loc = rollback_locs.mode().values.mode().values  # U:3437-3438: mode over N, then beams
+        penalty = -attn_i if cur_response_lens <= FIRST else rollback_scores  # U:3440
+        self.history_locs.append(rollback_locs.mode().values[:, None])  # U:3443-3447 (release: per beam slot)
+        gathers = torch.cat(self.history_locs, -1)  # [K, steps]
+        cand_scores, cand_tokens = self.cand_scores, self.cand_tokens
+        if cfg.penalty_weights != 0:  # U:3449 (weight 0: no term; the release computes 0 * inf = nan)
+            cand_scores = cand_scores - cfg.penalty_weights * penalty
+        st["banned_candidates"] += int(torch.isneginf(cand_scores).sum())
+        state = self.state
+        state["candidate_token_scores"] = cand_scores.clone()
+        if len(self.history_states) >= WINDOW:  # U:3453-3455
+            self.history_states.pop(0)
+        self.history_states.append(state)
+
+        logits, vocab = self.logits, self.logits.shape[-1]
+        next_logits = None
+        if (cfg.threshold is not None and all(int((g == rollback_loc).long().sum()) > cfg.threshold
+                                              for g in gathers) and int(rollback_loc) >= FIRST):  # U:3459-3460
+            p = int(rollback_loc) + 1  # U:3463-3472: the token after loc, else loc, each at most N times
+            ok = p < WINDOW  # release: max_rollback_time[p] raises IndexError (caught: no rollback)
+            if ok and self.max_rollback_time[p] >= n:
+                p -= 1
+                ok = bool(self.max_rollback_time[p] < n)
+            if ok:
+                self.max_rollback_time[p] += 1
+                if cur_response_lens - p > WINDOW + 1:  # U:3473-3474
+                    p = max(1, cur_response_lens - WINDOW - 1)
+                for j in range(cur_response_lens - p - 2):  # U:3478-3481 (release: clears the list's tail)
+                    self.history_states.pop(-1)
+                    self.history_locs.pop(-1)
+                    self.reject_gather[-(j + 1)] = []
+                back, after = self.history_states[-2], self.history_states[-1]  # U:3484-3495
+                self.ids, self.scorer, self.t = back["ids"], back["scorer"], back["t"]  # release: the stored scorer
+                self.rows_log = self.rows_log[: self.t]
+                self.attn_prev = _replay(self.rows_log, k, P, self.dtype, self.attn_prev.device)
+                cand_scores, cand_tokens = back["candidate_token_scores"], back["candidate_tokens"]
+                self.beam_scores = back["beam_scores"]
+                self.beam_next_tokens, self.beam_idx = after["beam_next_tokens"], after["beam_idx"]
+                before = st["forwards"]
+                logits = rebuild(self.ids)  # U:3497-3535: the cache rebuilt from scratch
+                st["rollbacks"] += 1
+                st["rollback_forwards"] += st["forwards"] - before
+                self.history_states.pop(-1)  # U:3537-3541
+                self.history_locs.pop(-1)
+                if p + 1 < WINDOW:  # release: reject_token_pos_gather[512] raises (caught: the except path)
+                    self.reject_gather[p + 1] = []
+                    # U:3543-3552: full-vocab logits, min shifted to -999, earlier choices at p set to -999
+                    next_logits = logits - (999.0 + logits.min(-1, keepdim=True).values)
+                    flat = next_logits.reshape(1, k * vocab)
+                    reject = (self.beam_idx * vocab + self.beam_next_tokens).view(1, k)
+                    if len(self.reject_gather[p]) > 0:
+                        reject = torch.cat([self.reject_gather[p], reject], -1)
+                    self.reject_gather[p] = reject
+                    next_logits = flat.scatter(-1, reject, FLOOR).view(k, vocab)
+        if next_logits is None:  # U:3555-3557: only the (penalised) candidates, -999 elsewhere
+            next_logits = torch.full_like(logits, FLOOR).scatter(-1, cand_tokens, cand_scores)
+
+        # U:3561-3625: the 4.29.2 beam step
+        scores = torch.log_softmax(next_logits, dim=-1)  # [K, V]
+        if self.t < min_new_tokens and eos:  # MinNewTokensLengthLogitsProcessor (4.29.2 applies it here)
+            scores[:, eos] = -float("inf")
+        scores = scores + self.beam_scores[:, None]
+        top_scores, top = torch.topk(scores.view(1, k * vocab), 2 * k, dim=1, largest=True, sorted=True)
+        next_indices = torch.div(top, vocab, rounding_mode="floor")[0]
+        next_tokens = (top % vocab)[0]
+        beam_scores, beam_next_tokens, beam_idx = self.scorer.process(self.ids[:, P:], top_scores[0].cpu(),
+                                                                      next_tokens.cpu(), next_indices.cpu(), pad,
+                                                                      eos)
+        device = self.ids.device
+        self.beam_scores = beam_scores.to(device)
+        self.beam_next_tokens, self.beam_idx = beam_next_tokens.to(device), beam_idx.to(device)
+        self.ids = torch.cat([self.ids[self.beam_idx], self.beam_next_tokens[:, None]], -1)
+        st["steps"] += 1
+        if self.trace is not None:
+            self.trace.append({"t": self.t, "tokens": self.beam_next_tokens.tolist(), "beams": self.beam_idx.tolist(),
+                               "scores": self.beam_scores.tolist(), "loc": int(rollback_loc)})
+        self.t += 1
+        self.done = self.scorer.done or self.t >= self.max_new_tokens
+        return self.beam_idx
+
+    def finalize(self, eos: list[int]) -> tuple[torch.Tensor, float]:
+        best, score = self.scorer.finalize(self.ids[:, self.P:], self.beam_scores.cpu(), self.max_new_tokens, eos)
+        return best.to(self.ids.device), score
+
+
 @torch.no_grad()
+def _decode(model, prompts: list[dict], max_new_tokens: int, cfg: OPERAConfig, *, eos: list[int], pad: int,
+            min_new_tokens: int, length_penalty: float, early_stopping, st: dict,
+            traces: list | None = None) -> list[tuple[torch.Tensor, float]]:
+    """OPERA's beam search on ``prompts`` (each one row's inputs without padding) decoded together: every step one
+    forward for all their fed tokens and one for all their candidates (up to ``CANDIDATES_PER_FORWARD`` each), each
+    prompt's rollbacks on its own. Returns each prompt's (generated ids, score)."""
+    info = arch_info(model)
+    rows = [_Row(model, inputs, info) for inputs in prompts]
+    k = cfg.num_beams
+    visual_ids = torch.tensor(info.visual_token_ids or (info.image_token_id,), device=rows[0].ids.device)
+    dtype = info.lm_head.weight.dtype  # the language model's: its attention probabilities come in it
+    with rope_state_kept(model), _AttentionTap(model) as tap:
+        beams = _Beams(model, k, st)
+        searches = [_Search(row, cfg, max_new_tokens, length_penalty, early_stopping, dtype,
+                            None if traces is None else traces[b]) for b, row in enumerate(rows)]
+        results: list = [None] * len(rows)
+        active = list(range(len(rows)))  # prompts still decoding, in the cache's order
+        parts = [beams.prefill(row, search.ids) for row, search in zip(rows, searches)]
+        beams.stack([part[1:] for part in parts])
+        logits = [part[0] for part in parts]
+        fed = [None] * len(rows)
+        while active:
+            pads = beams.pads()
+            cands = [searches[b].begin(logits[i], fed[i]) for i, b in enumerate(active)]
+            # U:3382-3411: each candidate appended to the step's cache; its last-layer row (max over heads). The
+            # release runs one forward per candidate; here up to CANDIDATES_PER_FORWARD of each beam's go in one
+            # forward, the cache repeated for each (row r * m + c: beam row r, candidate c), where every cache
+            # layer can be repeated (else one forward each)
+            n = cands[0].shape[1]
+            mark = _CacheMark(beams.cache)  # the release's cache is a tuple the candidate forward never extends
+            chunk = CANDIDATES_PER_FORWARD if _repeatable(beams.cache) else 1
+            cand_rows: list = [[] for _ in active]
+            for c in range(0, n, chunk):
+                m = min(chunk, n - c)
+                beams.peek(torch.cat([cand[:, c: c + m].reshape(k * m, 1) for cand in cands]), m)
+                mark.restore()
+                probs = tap.probs.max(1, keepdim=True).values  # [rows * m, 1, 1, keys]
+                for i in range(len(active)):
+                    cand_rows[i].append(probs[i * k * m: (i + 1) * k * m, ..., pads[i]:].reshape(k, m, 1, -1))
+            index, still = [], []
+            for i, b in enumerate(active):
+
+                def rebuild(ids, i=i, b=b):
+                    out, *part = beams.rebuild(rows[b], ids, visual_ids)
+                    beams.splice(i, part)
+                    return out
+
+                beam_idx = searches[b].step(torch.cat(cand_rows[i], 1), rebuild, eos, pad, min_new_tokens, st)
+                if searches[b].done:
+                    results[b] = searches[b].finalize(eos)
+                else:
+                    index.append(i * k + beam_idx)
+                    still.append(b)
+            active = still
+            if not active:
+                break
+            beams.select(torch.cat(index))
+            ids = torch.cat([searches[b].ids[:, -1:] for b in active])  # [rows, 1] the fed tokens
+            out = beams.feed(ids)
+            probs = tap.probs.max(1, keepdim=True).values  # [rows, 1, 1, keys]
+            pads = beams.pads()
+            logits = [out[i * k: (i + 1) * k] for i in range(len(active))]
+            fed = [probs[i * k: (i + 1) * k, ..., pads[i]:] for i in range(len(active))]
+    return results
+
+
 def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERAConfig | None = None, *,
                       eos_token_id: list[int] | int | None = None, pad_token_id: int | None = None,
                       min_new_tokens: int = 0, length_penalty: float = 1.0, early_stopping=False,
                       stats: dict | None = None, trace: list | None = None) -> tuple[torch.Tensor, float]:
     """OPERA's beam search on one prompt (``inputs``: ``input_ids`` [1, P] without padding, the image inputs,
-    the per-token inputs the table names, e.g. ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new] (an eos appended when the best beam ended
-    early, as 4.29.2's ``finalize``) and the best beam's normalised score. ``stats`` (a dict of counters) and
-    ``trace`` (a list: one dict per beam step) are filled when given."""
-    cfg = config or OPERAConfig()
-    info = arch_info(model)
-    row = _Row(model, inputs, info)
+    the per-token inputs the table names, e.g. ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new]
+    (an eos appended when the best beam ended early, as 4.29.2's ``finalize``) and the best beam's normalised score.
+    ``stats`` (a dict of counters) and ``trace`` (a list: one dict per beam step) are filled when given."""
     if isinstance(eos_token_id, int):
         eos_token_id = [eos_token_id]
     eos = list(eos_token_id or [])
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-    k, P = cfg.num_beams, row.length
-    device = row.ids.device
-    visual_ids = torch.tensor(info.visual_token_ids or (info.image_token_id,), device=device)
-    dtype = info.lm_head.weight.dtype  # the language model's: its attention probabilities come in it
-    prefix = row.scored_prefix(cfg.scored_prompt)
     st = stats if stats is not None else {}
-    for key in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards", "banned_candidates"):
+    for key in COUNTERS:
         st.setdefault(key, 0)
-    with rope_state_kept(model), _AttentionTap(model) as tap:
-
-        def forward(kw: dict, cache) -> torch.Tensor:
-            st["forwards"] += 1
-            out = model(**kw, cache=cache, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1, :].float()  # [K, V]
-
-        def head_max() -> torch.Tensor:  # the latest forward's last-layer attention, max over heads: [K, 1, q, kv]
-            return tap.probs.max(1, keepdim=True).values
-
-        def prefill(ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
-            cache = DynamicCache(config=model.config)
-            return forward(row.prefill_kwargs(ids), cache), cache
-
-        ids = row.ids.expand(k, P).clone()  # [K, P + t] the running beams (U:1645 expands the prompt)
-        scorer = _BeamScorer(k, length_penalty, early_stopping, prefix + max_new_tokens, prefix)
-        beam_scores = torch.zeros(k, device=device)  # U:3300-3302: beam 0 live, the others at -1e9
-        beam_scores[1:] = -1e9
-        history_states: list[dict] = []  # U:3306-3313
-        history_locs: list[torch.Tensor] = []
-        beam_next_tokens = beam_idx = None
-        max_rollback_time = torch.zeros(WINDOW)
-        reject_gather: list = [[] for _ in range(WINDOW)]
-        rows_log: list = []  # (beam_idx, fed token's attention row) per step t >= 1: replays attn_previous
-        attn_prev = torch.zeros(k, 1, 0, P, dtype=dtype, device=device)  # response rows of attn_previous
-        cache = None
-        n_cand = cfg.num_attn_candidates
-        t = 0  # generated tokens (the release's cur_len minus its prompt)
-        while True:
-            state = {"ids": ids.clone(), "scorer": copy.deepcopy(scorer), "t": t}  # U:3330-3334
-            if cache is None:  # the first step: the whole prompt
-                logits, cache = prefill(ids)
-            else:  # U:3348-3357: pad a zero key column, reorder rows with the beams, append the fed token's row
-                logits = forward({"input_ids": ids[:, -1:]}, cache)
-                new_row = head_max()
-                attn_prev = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
-                attn_prev = torch.cat([attn_prev[beam_idx], new_row], -2)
-                rows_log.append((beam_idx, new_row))
-            vocab = logits.shape[-1]
-            n = vocab if n_cand is None else n_cand
-            if n > vocab:
-                raise ValueError(f"num_attn_candidates {n} exceeds the vocabulary ({vocab} tokens)")
-            # U:3371: candidates = top-N raw logits per beam, [K, N]
-            cand_scores, cand_tokens = torch.topk(logits, n, dim=-1, largest=True, sorted=True)
-            state.update(candidate_tokens=cand_tokens.clone(), beam_scores=beam_scores.clone(),
-                         beam_next_tokens=None if beam_next_tokens is None else beam_next_tokens.clone(),
-                         beam_idx=None if beam_idx is None else beam_idx.clone())
-
-            # U:3382-3411: each candidate appended to the step's cache; its last-layer row (max over heads). The
-            # release runs one forward per candidate; here up to CANDIDATES_PER_FORWARD of them go in one forward,
-            # the cache repeated for each (row k * m + c: beam k, candidate c), where every cache layer can be
-            # repeated (else one forward each)
-            padded = torch.cat([attn_prev, torch.zeros_like(attn_prev).sum(-1, keepdim=True)], -1)
-            attn_last = []
-            mark = _CacheMark(cache)  # the release's cache is a tuple the candidate forward never extends
-            chunk = CANDIDATES_PER_FORWARD if _repeatable(cache) else 1
-            for c in range(0, n, chunk):
-                m = min(chunk, n - c)
-                if m > 1:
-                    cache.batch_repeat_interleave(m)
-                forward({"input_ids": cand_tokens[:, c: c + m].reshape(k * m, 1)}, cache)
-                mark.restore()
-                rows = head_max().view(k, m, 1, -1)  # [K, m, 1, P + t + 1]
-                attn_last.append(torch.cat([padded.expand(k, m, *padded.shape[2:]), rows], -2))
-            st["candidate_forwards"] += n
-            attn_last = torch.cat(attn_last, 1)  # [K, N, t + 1, P + t + 1]: response rows, every key
-            attn_last = attn_last / attn_last.sum(-1, keepdim=True)  # U:3415: rows normalised over all keys
-            attn_local = attn_last[..., P:]  # U:3420: the response block [r:, r:], [K, N, t + 1, t + 1]
-            attn_local = cfg.scale_factor * attn_local  # U:3423
-            # U:3424-3428 (release: a float16 buffer; phi saturates to inf above 65504)
-            local_scores = torch.zeros(attn_local.shape[:2] + attn_local.shape[-1:], dtype=torch.float16,
-                                       device=device)  # [K, N, t + 1]
-            for j in range(attn_local.shape[-1]):
-                local_scores[..., j] = (1e-7 * attn_local[..., j:, j].prod(-1)).to(torch.float32)
-            cur_response_lens = attn_local.shape[-1]  # t + 1
-            attn_i = attn_last[:, :, -1, row.image_start: row.image_end + 1].sum(-1)  # U:3432 [K, N]
-            rollback_scores, rollback_locs = local_scores.max(-1)  # U:3436 [K, N]
-            rollback_loc = rollback_locs.mode().values.mode().values  # U:3437-3438: mode over N, then beams
-            penalty = -attn_i if cur_response_lens <= FIRST else rollback_scores  # U:3440
-            history_locs.append(rollback_locs.mode().values[:, None])  # U:3443-3447 (release: per beam slot)
-            gathers = torch.cat(history_locs, -1)  # [K, steps]
-            if cfg.penalty_weights != 0:  # U:3449 (weight 0: no term; the release computes 0 * inf = nan)
-                cand_scores -= cfg.penalty_weights * penalty
-            st["banned_candidates"] += int(torch.isneginf(cand_scores).sum())
-            state["candidate_token_scores"] = cand_scores.clone()
-            if len(history_states) >= WINDOW:  # U:3453-3455
-                history_states.pop(0)
-            history_states.append(state)
-
-            next_logits = None
-            if (cfg.threshold is not None and all(int((g == rollback_loc).long().sum()) > cfg.threshold
-                                                  for g in gathers) and int(rollback_loc) >= FIRST):  # U:3459-3460
-                p = int(rollback_loc) + 1  # U:3463-3472: the token after loc, else loc, each at most N times
-                ok = p < WINDOW  # release: max_rollback_time[p] raises IndexError (caught: no rollback)
-                if ok and max_rollback_time[p] >= n:
-                    p -= 1
-                    ok = bool(max_rollback_time[p] < n)
-                if ok:
-                    max_rollback_time[p] += 1
-                    if cur_response_lens - p > WINDOW + 1:  # U:3473-3474
-                        p = max(1, cur_response_lens - WINDOW - 1)
-                    for j in range(cur_response_lens - p - 2):  # U:3478-3481 (release: clears the list's tail)
-                        history_states.pop(-1)
-                        history_locs.pop(-1)
-                        reject_gather[-(j + 1)] = []
-                    back, after = history_states[-2], history_states[-1]  # U:3484-3495
-                    ids, scorer, t = back["ids"], back["scorer"], back["t"]  # release: the stored scorer itself
-                    rows_log = rows_log[: t]
-                    attn_prev = _replay(rows_log, k, P, dtype, device)
-                    cand_scores, cand_tokens = back["candidate_token_scores"], back["candidate_tokens"]
-                    beam_scores = back["beam_scores"]
-                    beam_next_tokens, beam_idx = after["beam_next_tokens"], after["beam_idx"]
-                    # U:3497-3535: the cache rebuilt from scratch (all but the last token, then the last)
-                    before = st["forwards"]
-                    if bool(torch.isin(ids[:, P:-1], visual_ids).any()):
-                        # a generated id equal to an image placeholder is a text token (the release embeds the
-                        # generated ids; HF's processors would read it as an image): the prompt, then the rest
-                        _, cache = prefill(ids[:, :P])
-                        if ids.shape[1] - 1 > P:
-                            forward({"input_ids": ids[:, P:-1]}, cache)
-                    else:
-                        _, cache = prefill(ids[:, :-1])
-                    logits = forward({"input_ids": ids[:, -1:]}, cache)
-                    st["rollbacks"] += 1
-                    st["rollback_forwards"] += st["forwards"] - before
-                    history_states.pop(-1)  # U:3537-3541
-                    history_locs.pop(-1)
-                    if p + 1 < WINDOW:  # release: reject_token_pos_gather[512] raises (caught: the except path)
-                        reject_gather[p + 1] = []
-                        # U:3543-3552: full-vocab logits, min shifted to -999, earlier choices at p set to -999
-                        next_logits = logits - (999.0 + logits.min(-1, keepdim=True).values)
-                        flat = next_logits.reshape(1, k * vocab)
-                        reject = (beam_idx * vocab + beam_next_tokens).view(1, k)
-                        if len(reject_gather[p]) > 0:
-                            reject = torch.cat([reject_gather[p], reject], -1)
-                        reject_gather[p] = reject
-                        next_logits = flat.scatter(-1, reject, FLOOR).view(k, vocab)
-            if next_logits is None:  # U:3555-3557: only the (penalised) candidates, -999 elsewhere
-                next_logits = torch.full_like(logits, FLOOR).scatter(-1, cand_tokens, cand_scores)
-
-            # U:3561-3625: the 4.29.2 beam step
-            scores = torch.log_softmax(next_logits, dim=-1)  # [K, V]
-            if t < min_new_tokens and eos:  # MinNewTokensLengthLogitsProcessor (4.29.2 applies it here)
-                scores[:, eos] = -float("inf")
-            scores = scores + beam_scores[:, None]
-            top_scores, top = torch.topk(scores.view(1, k * vocab), 2 * k, dim=1, largest=True, sorted=True)
-            next_indices = torch.div(top, vocab, rounding_mode="floor")[0]
-            next_tokens = (top % vocab)[0]
-            beam_scores, beam_next_tokens, beam_idx = scorer.process(ids[:, P:], top_scores[0].cpu(),
-                                                                     next_tokens.cpu(), next_indices.cpu(), pad,
-                                                                     eos)
-            beam_scores = beam_scores.to(device)
-            beam_next_tokens, beam_idx = beam_next_tokens.to(device), beam_idx.to(device)
-            ids = torch.cat([ids[beam_idx], beam_next_tokens[:, None]], -1)
-            cache.reorder_cache(beam_idx)
-            st["steps"] += 1
-            if trace is not None:
-                trace.append({"t": t, "tokens": beam_next_tokens.tolist(), "beams": beam_idx.tolist(),
-                              "scores": beam_scores.tolist(), "loc": int(rollback_loc)})
-            t += 1
-            if scorer.done or t >= max_new_tokens:
-                break
-        best, score = scorer.finalize(ids[:, P:], beam_scores.cpu(), max_new_tokens, eos)
-        return best.to(device), score
+    (result,) = _decode(model, [inputs], max_new_tokens, config or OPERAConfig(), eos=eos, pad=pad,
+                        min_new_tokens=min_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
+                        st=st, traces=None if trace is None else [trace])
+    return result
 
 
 # ----------------------------------------------------------------------------- batches
@@ -687,15 +882,15 @@ class OPERA(Baseline):
         eos = gc.eos_token_id
         eos = [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
         pad = gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if eos else 0)
-        counters = {k: 0 for k in ("forwards", "steps", "candidate_forwards", "rollbacks", "rollback_forwards",
-                                   "banned_candidates")}
+        counters = dict.fromkeys(COUNTERS, 0)
+        rows = _split_rows(model, kwargs, info)
         outs = []
-        for row in _split_rows(model, kwargs, info):
-            new, _ = opera_beam_search(model, row, max_new, self.config, eos_token_id=eos, pad_token_id=pad,
-                                       min_new_tokens=int(gc.min_new_tokens or 0),
-                                       length_penalty=1.0 if gc.length_penalty is None else float(gc.length_penalty),
-                                       early_stopping=gc.early_stopping or False, stats=counters)
-            outs.append(new)
+        for group in [rows] if _together(model) else [[row] for row in rows]:
+            outs += [new for new, _ in _decode(model, group, max_new, self.config, eos=eos, pad=pad,
+                                               min_new_tokens=int(gc.min_new_tokens or 0),
+                                               length_penalty=1.0 if gc.length_penalty is None
+                                               else float(gc.length_penalty),
+                                               early_stopping=gc.early_stopping or False, st=counters)]
         self._stats.rows += len(outs)
         self._stats.forwards += counters.pop("forwards")
         self._stats.acted += counters["steps"]
