@@ -2,7 +2,7 @@
 projected once, and every step as released) choose the same tokens, and its table fields are there. The timings
 themselves are the benchmark's to print, never asserted."""
 
-from keepsight.bench.pvm_decode import run
+from keepsight.bench.pvm_decode import decode_flops, run
 
 TINY = {"layers": 36, "hidden": 128, "intermediate": 384, "heads": 4, "kv_heads": 2, "head_dim": 32, "vocab": 300}
 
@@ -15,6 +15,8 @@ def test_pvm_decode_bench_runs_and_its_pvm_arms_agree(tmp_path):
         assert {"base_ms", "pvm_once_ms", "pvm_every_step_ms", "projected_36_layers_overhead_once"} <= set(row)
         # the time inside the blocks is measured (a part of the PVM step, so less than the whole step)
         assert 0 < row["blocks_ms"] < row["pvm_once_ms"] and row["blocks_share"] > 0
+    # the FLOPs at the timed shape, counted at its full depth (36 layers) with the prompt and new tokens as keys
+    assert result["flops_per_token_timed_shape"] == decode_flops(TINY, 24, 24 + 16 + 3, result["pvm_hidden_size"], 3)
 
 
 def test_the_flop_count_is_what_torch_counts():
@@ -25,7 +27,7 @@ def test_the_flop_count_is_what_torch_counts():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from keepsight.bench.pvm_decode import IMAGE_TOKEN, decode_flops, shaped_model
+    from keepsight.bench.pvm_decode import IMAGE_TOKEN, shaped_model
     from keepsight.pvm import PVMConfig, attach_pvm, pvm_disabled
 
     model = shaped_model(TINY["layers"], TINY)

@@ -179,9 +179,12 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
                      "projected_36_layers_overhead_once": (med["pvm_once"] - med["base"]) / full,
                      "projected_36_layers_overhead_every_step": (med["pvm_every_step"] - med["base"]) / full})
     flops = decode_flops(Q3VL_8B, 1024, 1024 + 16, 512, 3)  # Qwen3-VL-8B's, as released (p = 512, 3 blocks)
+    p = model.pvm[str(pvm_layers[0])].pvm_hidden_size
+    # the timed shape's, at its full depth (the prompt, the visual tokens and the new tokens as keys)
+    timed = decode_flops(shape, visual, visual + 16 + new_tokens, p, 3)
     result = {"benchmark": "pvm-decode", "target_overhead": 0.05, "shape_name": name, "shape": shape,
               "layers": layers, "visual_tokens": visual, "flops_per_token_qwen3_vl_8b": flops,
-              "pvm_layers": pvm_layers, "pvm_hidden_size": model.pvm[str(pvm_layers[0])].pvm_hidden_size,
+              "flops_per_token_timed_shape": timed, "pvm_layers": pvm_layers, "pvm_hidden_size": p,
               "new_tokens": new_tokens, "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
     print(f"{name}: Qwen3-VL-shaped text model (width {shape['hidden']}, {layers} layers, vocabulary "
           f"{shape['vocab']:,}), {visual} visual tokens, released PVM blocks on layers {pvm_layers}; ms per cached "
@@ -203,6 +206,10 @@ def run(out: str | Path = "runs/bench", batches=(1, 4, 8), new_tokens: int = MAX
               f"{pct(r['overhead_every_step'], r['overhead_every_step_interval']):>27s}"
               + (f" {r['projected_36_layers_overhead_once']:+16.1%} {r['projected_36_layers_overhead_every_step']:+11.1%}"
                  if layers < shape["layers"] else ""))
+    print(f"FLOPs per decoded token and row at the timed shape ({shape['layers']} layers, {visual} visual tokens, "
+          f"p {p}, 3 blocks): base {timed['base'] / 1e6:.1f} M, PVM once +{timed['pvm_once'] / 1e6:.1f} M "
+          f"({timed['pvm_once'] / timed['base']:+.1%}), every step +{timed['pvm_every_step'] / 1e6:.1f} M "
+          f"({timed['pvm_every_step'] / timed['base']:+.1%})")
     print("FLOPs per decoded token and row at Qwen3-VL-8B (36 layers, 1,024 visual tokens, p 512, 3 blocks): "
           f"base {flops['base'] / 1e9:.2f} G, PVM once +{flops['pvm_once'] / 1e6:.1f} M "
           f"({flops['pvm_once'] / flops['base']:+.2%}), every step +{flops['pvm_every_step'] / 1e9:.2f} G "
