@@ -2,7 +2,9 @@ import dataclasses
 import json
 import math
 
-from keepsight.demo import PROFILES, cache_key, run_demo
+import pytest
+
+from keepsight.demo import PROFILE_HELP, PROFILES, cache_key, run_demo
 from smoke_pins import PINS, pick
 
 
@@ -73,6 +75,19 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == cached  # nothing trained anew
     assert again["base"]["yes_no"] == base["yes_no"]  # same model, same data: same numbers
     assert "pvm" not in again
+
+
+def test_every_profile_is_described_once_in_the_help(capsys):
+    """``keepsight demo --help`` lists each profile from PROFILE_HELP: one text per profile, none for a profile that
+    does not exist."""
+    from keepsight.cli import main
+
+    assert list(PROFILE_HELP) and set(PROFILE_HELP) == set(PROFILES)
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps lines (at spaces and hyphens)
+    for name, text in PROFILE_HELP.items():
+        assert "".join(f"{name}: {text}".split()) in shown
 
 
 def test_cache_key_changes_with_config():

@@ -196,6 +196,23 @@ PROFILES = {
 }
 
 
+# what each profile runs, as `keepsight demo --help` lists it
+PROFILE_HELP = {
+    "full": "the default (about 22 minutes on 2 cores from scratch): the base, its diagnosis and multi-turn regime, "
+            "the PVM arms, the diffusion methods",
+    "seeds": "three base seeds, PVM and bridge arms with 95% intervals",
+    "readings": "LIA-MTR's readings vs the MLP",
+    "diffusion": "the varied-description regime on a 4-layer LLaDA-V, 3 training seeds, every MPS / MRS setting "
+                 "(about 40 minutes)",
+    "baselines": "VCD, PAI, MemVR, DeCo, OPERA beside PVM",
+    "control": "PVM's mechanism control (the image only in PVM's memory, against the matched LoRA)",
+    "control-grounded": "the same on the grounded base, 3 seeds, on a prior-balanced yes/no set (about 65 minutes)",
+    "regime": "the regime recipe's base (a visual answer falls after the model's own description, the image again "
+              "recovers it), 3 seeds, every PVM arm, the released baselines and the control there (about 110 minutes)",
+    "extended": "a 6-layer base and the PVM arms",
+    "smoke": "tiny budgets (= --smoke)",
+}
+
 def cache_key(profile: DemoProfile, seed: int | None = None, environment: dict | None = None) -> str:
     """Hash of everything that determines a trained base model (world, data, training, version, and the
     environment its bits depend on: ``keepsight.determinism.environment()``); ``seed``: the base's model seed

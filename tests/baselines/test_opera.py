@@ -220,6 +220,27 @@ def test_own_loop_with_every_token_a_candidate_is_hf_beam_search():
         assert stats["candidate_forwards"] == 4 * model.config.text_config.vocab_size and stats["rollbacks"] == 0
 
 
+def test_own_loop_is_hf_beam_search_on_qwen_vl_at_its_m_rope_positions():
+    """The same reduction on Qwen3-VL, whose M-RoPE positions OPERA passes itself (as Hugging Face's generate computes
+    them, each prompt its own): with every token a candidate, weight 0 and no rollback, transformers 5's beam search
+    token for token."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from keepsight.world.processor import build_processor
+
+    tok = build_processor().tokenizer
+    model = build_model(replace(PRESETS["tiny-qwen3vl"], text_layers=1), tok, seed=0)
+    ip = Qwen2VLImageProcessorPil(min_pixels=64 * 64, max_pixels=128 * 64, patch_size=8, merge_size=2)
+    row = dict(qwen3vl_inputs(ip, tok, ["<image> describe the scene ."], [Image.new("RGB", (128, 64), (200, 20, 20))]))
+    with torch.no_grad():
+        plain = model.generate(**row, max_new_tokens=4, num_beams=5, do_sample=False)
+    new, _ = opera_beam_search(model, {k: v for k, v in row.items() if k != "attention_mask"}, 4,
+                               OPERAConfig(penalty_weights=0, threshold=None, num_attn_candidates=None),
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    P = row["input_ids"].shape[1]
+    assert torch.equal(new, plain[0, P:]) and tok.eos_token_id not in new.tolist()
+
+
 # ----------------------------------------------------------------------------- batches, Qwen-VL
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..demo import PROFILES, reproduce, run_demo
+from ..demo import PROFILE_HELP, PROFILES, reproduce, run_demo
 from ..determinism import DEFAULT_THREADS
 from .options import run_name, threads
 
@@ -10,16 +10,8 @@ from .options import run_name, threads
 def add_parser(sub) -> None:
     d = sub.add_parser("demo", help="build the world, train the base, evaluate, write runs/<name>/report.html")
     d.add_argument("--smoke", action="store_true", help="a ~1 minute run with tiny budgets")
-    d.add_argument("--profile", default="full", choices=list(PROFILES), help="full (default, about 22 minutes on 2 "
-                   "cores from scratch): the base, its diagnosis and multi-turn regime, the PVM arms, the diffusion "
-                   "methods; seeds: three base seeds, PVM and bridge arms with 95%% intervals; readings: LIA-MTR's "
-                   "readings vs the MLP; diffusion: the varied-description regime on an 8-layer LLaDA-V with every "
-                   "MPS / MRS setting; baselines: VCD, PAI, MemVR, DeCo, OPERA beside PVM; control: PVM's mechanism "
-                   "control (the image only in PVM's memory, against the matched LoRA); control-grounded: the same on the grounded "
-                   "base, 3 seeds, on a prior-balanced yes/no set (about 65 minutes); regime: the regime recipe's base (a "
-                   "visual answer falls after the model's own description, the image again recovers it), 3 seeds, every "
-                   "PVM arm, the released baselines and the control there (about 110 minutes); extended: a 6-layer base and "
-                   "the PVM arms; smoke: tiny budgets (= --smoke)")
+    d.add_argument("--profile", default="full", choices=list(PROFILES),
+                   help="; ".join(f"{name}: {text}" for name, text in PROFILE_HELP.items()).replace("%", "%%"))
     d.add_argument("--runs", default="runs", help="where runs and the model cache live")
     d.add_argument("--name", type=run_name, help="run name (default: the profile); a plain name inside --runs")
     d.add_argument("--retrain", action="store_true", help="ignore the model cache")
