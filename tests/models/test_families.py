@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from families import FAMILY_BUILDERS, family_batch, registered_settings, save_family, tiny_family
-from keepsight.baselines.opera import OPERA, _together
+from keepsight.baselines.opera import OPERA
+from keepsight.baselines.opera.beams import _together
 from keepsight.cli import main
 from keepsight.inference import build_method
 from keepsight.inference.support import kinds, support
@@ -245,6 +246,7 @@ def test_opera_candidates_in_one_forward_equal_one_forward_each(family, monkeypa
     beam scores agree to float32 rounding (a batch of 6 rows is not summed in the same order as one of 2), on every
     family (M-RoPE offsets, sliding windows, and a recurrent stack, which keeps one forward each)."""
     from keepsight.baselines import opera as opera_module
+    from keepsight.baselines.opera import beams, search
 
     kind, _, model, processor, _, rows = family
     if support(kind)["opera"] is not None:
@@ -257,14 +259,14 @@ def test_opera_candidates_in_one_forward_equal_one_forward_each(family, monkeypa
         return new, trace, stats["forwards"]
 
     together, trace, forwards = steps()
-    monkeypatch.setattr(opera_module, "CANDIDATES_PER_FORWARD", 1)
+    monkeypatch.setattr(search, "CANDIDATES_PER_FORWARD", 1)
     alone, trace_alone, forwards_alone = steps()
     assert torch.equal(together, alone)
     assert [{k: v for k, v in s.items() if k != "scores"} for s in trace] == [
         {k: v for k, v in s.items() if k != "scores"} for s in trace_alone]
     torch.testing.assert_close(torch.tensor([s["scores"] for s in trace]),
                                torch.tensor([s["scores"] for s in trace_alone]), rtol=1e-5, atol=1e-6)
-    assert forwards < forwards_alone or not opera_module._repeatable(_cache_of(model, rows[0]))
+    assert forwards < forwards_alone or not beams._repeatable(_cache_of(model, rows[0]))
 
 
 def _cache_of(model, inputs):
@@ -283,7 +285,7 @@ def test_opera_candidate_forwards_leave_no_trace(family):
     equal those of a cache that never saw them."""
     from transformers import DynamicCache
 
-    from keepsight.baselines.opera import _CacheMark
+    from keepsight.baselines.opera.beams import _CacheMark
 
     kind, _, model, processor, _, rows = family
     text = model.config.get_text_config()
@@ -307,7 +309,7 @@ def test_opera_refuses_a_batch_it_cannot_split():
     """LLaVA-NeXT writes each image as one run of image tokens: more images than runs (two images written next to
     each other, or a stray one) cannot be assigned to rows, and OPERA says so; OneVision's images per row must agree
     with the tokens."""
-    from keepsight.baselines.opera import _split_rows
+    from keepsight.baselines.opera.rows import _split_rows
 
     model, processor = tiny_family("llava_next")
     batch = dict(family_batch(processor, QUESTIONS, [Image.new("RGB", (64, 64)), Image.new("RGB", (64, 32))]))
