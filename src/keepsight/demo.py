@@ -213,6 +213,7 @@ PROFILE_HELP = {
     "smoke": "tiny budgets (= --smoke)",
 }
 
+
 def cache_key(profile: DemoProfile, seed: int | None = None, environment: dict | None = None) -> str:
     """Hash of everything that determines a trained base model (world, data, training, version, and the
     environment its bits depend on: ``keepsight.determinism.environment()``); ``seed``: the base's model seed

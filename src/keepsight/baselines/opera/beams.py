@@ -161,10 +161,9 @@ class _Beams:
             self.cache, self.mask, self.last = part
             return
         rows = slice(b * self.k, (b + 1) * self.k)
-        width = max(self.mask.shape[1], mask.shape[1])
+        width = self.mask.shape[1]  # a rebuild holds a prefix of what the prompt's rows hold: never wider
 
         def put(whole, own, dim):
-            whole = _pad_left(whole, width, dim)
             return torch.cat([whole[: rows.start], _pad_left(own, width, dim), whole[rows.stop:]])
 
         for layer, own in zip(self.cache.layers, cache.layers):

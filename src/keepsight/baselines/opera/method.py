@@ -12,7 +12,7 @@ from ..base import Baseline
 from .beams import _together
 from .config import OPERAConfig
 from .rows import _split_rows
-from .search import COUNTERS, _decode
+from .search import COUNTERS, _decode, ends
 
 GENERATE_OPTIONS = {"max_new_tokens", "min_new_tokens", "do_sample", "num_beams", "pad_token_id", "eos_token_id",
                     "bos_token_id", "generation_config", "use_cache", "output_attentions", "temperature", "top_p",
@@ -31,9 +31,8 @@ class OPERA(Baseline):
         info = arch_info(model)
         original = model.generate  # the class's bound method
         self._stats.compares_logits = False  # OPERA re-ranks beams: there is no single "logits before" per step
-        counters = {"steps": 0, "candidate_forwards": 0, "rollbacks": 0, "rollback_forwards": 0,
-                    "banned_candidates": 0, "delegated_rows": 0}
-        self._stats.extra.update(counters)
+        # every counter but the forwards (the Stats' own field) in extra, and the rows the model's own search ran
+        self._stats.extra.update(dict.fromkeys([*(c for c in COUNTERS if c != "forwards"), "delegated_rows"], 0))
 
         @functools.wraps(original)
         def generate(*args, **kwargs):
@@ -77,9 +76,7 @@ class OPERA(Baseline):
             max_new = int(gc.max_length) - ids.shape[1]  # HF: max_length counts the (padded) prompt
         if max_new < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new}")
-        eos = gc.eos_token_id
-        eos = [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
-        pad = gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if eos else 0)
+        eos, pad = ends(gc.eos_token_id, gc.pad_token_id)
         counters = dict.fromkeys(COUNTERS, 0)
         rows = _split_rows(model, kwargs, info)
         outs = []

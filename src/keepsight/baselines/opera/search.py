@@ -205,9 +205,11 @@ def _decode(model, prompts: list[dict], max_new_tokens: int, cfg: OPERAConfig, *
         parts = [beams.prefill(row, search.ids) for row, search in zip(rows, searches)]
         beams.stack([part[1:] for part in parts])
         logits = [part[0] for part in parts]
-        fed = [None] * len(rows)
+        fed_probs = None  # the last forward's last-layer attention, max over heads [rows, 1, 1, keys] (none: prefill)
         while active:
             pads = beams.pads()
+            fed = [None if fed_probs is None else fed_probs[i * k: (i + 1) * k, ..., pads[i]:]
+                   for i in range(len(active))]
             cands = [searches[b].begin(logits[i], fed[i]) for i, b in enumerate(active)]
             # U:3382-3411: each candidate appended to the step's cache; its last-layer row (max over heads). The
             # release runs one forward per candidate; here up to CANDIDATES_PER_FORWARD of each beam's go in one
@@ -244,11 +246,17 @@ def _decode(model, prompts: list[dict], max_new_tokens: int, cfg: OPERAConfig, *
             beams.select(torch.cat(index))
             ids = torch.cat([searches[b].ids[:, -1:] for b in active])  # [rows, 1] the fed tokens
             out = beams.feed(ids)
-            probs = tap.probs.max(1, keepdim=True).values  # [rows, 1, 1, keys]
-            pads = beams.pads()
+            fed_probs = tap.probs.max(1, keepdim=True).values
             logits = [out[i * k: (i + 1) * k] for i in range(len(active))]
-            fed = [probs[i * k: (i + 1) * k, ..., pads[i]:] for i in range(len(active))]
     return results
+
+
+def ends(eos_token_id, pad_token_id) -> tuple[list[int], int]:
+    """The eos ids as a list (from None, one id or several) and the pad id (the first eos where none is given, else
+    0)."""
+    ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+    eos = [int(e) for e in ids]
+    return eos, pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
 
 
 def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERAConfig | None = None, *,
@@ -259,10 +267,7 @@ def opera_beam_search(model, inputs: dict, max_new_tokens: int, config: OPERACon
     the per-token inputs the table names, e.g. ``mm_token_type_ids`` for Qwen-VL). Returns the generated ids [new]
     (an eos appended when the best beam ended early, as 4.29.2's ``finalize``) and the best beam's normalised score.
     ``stats`` (a dict of counters) and ``trace`` (a list: one dict per beam step) are filled when given."""
-    if isinstance(eos_token_id, int):
-        eos_token_id = [eos_token_id]
-    eos = list(eos_token_id or [])
-    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    eos, pad = ends(eos_token_id, pad_token_id)
     st = stats if stats is not None else {}
     for key in COUNTERS:
         st.setdefault(key, 0)
