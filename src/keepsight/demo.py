@@ -184,6 +184,14 @@ PROFILES = {
                           pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
                           baselines=BaselinesExperiment(arms=RELEASED_BASELINES, beam_arms={}, pvm=None),
                           control=PVMControl(pvm=PVM_BLOCK)),
+    # `--profile regime-ask`: the regime profile's bases (shared with it, cached), every PVM arm trained with the
+    # regime's own format added to the instruct mix: a description, then a question whose answer follows the image
+    # (half the descriptions state one object wrongly; "describe_ask"), so that stage 1 has answers after long text
+    # that only the image gives
+    "regime-ask": DemoProfile(name="regime-ask", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
+                              seeds=(0, 1, 2),
+                              pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150),
+                                                train_tasks=("describe_ask",))),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
@@ -209,6 +217,8 @@ PROFILE_HELP = {
     "control-grounded": "the same on the grounded base, 3 seeds, on a prior-balanced yes/no set (about 65 minutes)",
     "regime": "the regime recipe's base (a visual answer falls after the model's own description, the image again "
               "recovers it), 3 seeds, every PVM arm, the released baselines and the control there (about 110 minutes)",
+    "regime-ask": "the regime profile's bases, every PVM arm trained with the regime's format (a description, then a "
+                  "question the image answers) added to its data, 3 seeds",
     "extended": "a 6-layer base and the PVM arms",
     "smoke": "tiny budgets (= --smoke)",
 }

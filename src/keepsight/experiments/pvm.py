@@ -15,7 +15,7 @@ evaluates.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..fingerprint import digest
@@ -25,9 +25,10 @@ from ..train.finetune import FinetuneConfig, train_finetune
 from ..train.lora_control import LoRATrainConfig, apply_lora, train_lora_control
 from ..train.pvm_grpo import GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
+from ..world.base import TrainConfig
 from ..world.evaluate import evaluate_history, oracle_recovery
 from ..world.grpo import check_tasks, world_grpo_data
-from ..world.tasks import WorldSamples
+from ..world.tasks import VLMDataset, WorldSamples
 from .arm import ExperimentContext, evaluate_arm, relative_change
 
 ARMS = ("base", "pvm_sft", "lora", "pvm_grpo", "full_ft")
@@ -44,31 +45,49 @@ class PVMExperiment:
     n_grpo_scenes: int = 1000  # the first scenes of the training set, for GRPO prompts
     grpo_tasks: tuple[str, ...] = ("describe", "open")  # GRPO prompts (keepsight.world.grpo)
     format_weight: float = 0.2  # weight of the format reward (the answer reward has weight 1)
+    # tasks every trained arm (stage 1, the LoRA, full fine-tuning) trains on besides the base's own instruct mix:
+    # ("describe_ask",) adds the regime's format, a description then a question whose answer follows the image
+    train_tasks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.grpo_tasks = tuple(check_tasks(self.grpo_tasks))
+        self.train_tasks = tuple(self.train_tasks)
+        unknown = [t for t in self.train_tasks if t not in VLMDataset.TASKS]
+        if unknown:
+            raise ValueError(f"unknown train_tasks {unknown}; choose from {list(VLMDataset.TASKS)}")
 
     def to_dict(self) -> dict:
         return {"pvm": self.pvm.to_dict(), "sft": asdict(self.sft), "lora": asdict(self.lora),
                 "grpo": asdict(self.grpo), "finetune": asdict(self.finetune) if self.finetune else None,
                 "n_grpo_scenes": self.n_grpo_scenes, "grpo_tasks": list(self.grpo_tasks),
-                "format_weight": self.format_weight}
+                "format_weight": self.format_weight, "train_tasks": list(self.train_tasks)}
 
 
 def _strip(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "log_history"}
 
 
+def _keyed(parts: list, exp: PVMExperiment) -> str:
+    """A cache key of an arm's settings ``parts`` and, where ``exp`` adds any, its extra training tasks."""
+    return digest(parts + [list(exp.train_tasks)] if exp.train_tasks else parts, 12)
+
+
 def sft_dir_of(exp: PVMExperiment, model_dir) -> Path:
-    """Where stage 1's adapter of ``exp`` on the base ``model_dir`` is cached (its key: the block and the SFT
-    settings)."""
-    return Path(f"{model_dir}-pvm") / f"sft-{digest([exp.pvm.to_dict(), asdict(exp.sft)], 12)}"
+    """Where stage 1's adapter of ``exp`` on the base ``model_dir`` is cached (its key: the block, the SFT settings and
+    any extra training tasks)."""
+    return Path(f"{model_dir}-pvm") / f"sft-{_keyed([exp.pvm.to_dict(), asdict(exp.sft)], exp)}"
+
+
+def training_config(exp: PVMExperiment, tc: TrainConfig) -> TrainConfig:
+    """The base's recipe ``tc`` with ``exp``'s extra tasks in its instruct mix: what every trained arm learns from."""
+    extra = tuple(t for t in exp.train_tasks if t not in tc.instruct_tasks)
+    return replace(tc, instruct_tasks=tc.instruct_tasks + extra) if extra else tc
 
 
 def sft_adapter(exp: PVMExperiment, ctx: ExperimentContext) -> Path:
     """Stage 1's adapter of ``exp`` on the context's base: trained, or reused from the cache next to the base."""
     sft_dir = sft_dir_of(exp, ctx.model_dir)
-    tc = ctx.train_config
+    tc = training_config(exp, ctx.train_config)
     ctx.log(f"PVM stage 1 (SFT, {exp.sft.steps} steps, backbone frozen) -> {sft_dir}")
     train_pvm_sft(ctx.model_dir, tc.instruct_mix(ctx.scenes(), exp.sft.seed), sft_dir,
                   exp.pvm, exp.sft, progress=False)
@@ -80,10 +99,10 @@ def run_pvm_experiment(exp: PVMExperiment, ctx: ExperimentContext) -> dict:
     model_dir, train, sets, log = ctx.model_dir, ctx.scenes(), ctx.sets, ctx.log
     cache = Path(f"{model_dir}-pvm")
     sft_dir = sft_dir_of(exp, model_dir)
-    lora_dir = cache / f"lora-{digest([exp.pvm.to_dict(), asdict(exp.lora)], 12)}"
+    lora_dir = cache / f"lora-{_keyed([exp.pvm.to_dict(), asdict(exp.lora)], exp)}"
     grpo_dir = cache / f"grpo-{digest([sft_dir.name, asdict(exp.grpo), exp.n_grpo_scenes, list(exp.grpo_tasks), exp.format_weight], 12)}"
 
-    tc = ctx.train_config  # every arm trains on the base's own instruct mix (conversations included)
+    tc = training_config(exp, ctx.train_config)  # every arm: the base's own instruct mix (+ exp.train_tasks)
 
     def data(seed: int):
         return tc.instruct_mix(train, seed)

@@ -88,7 +88,9 @@ def pvm_sections(res: dict, plot: Path, text_plot: Path | None = None) -> list[t
 def pvm_markdown(res: dict) -> str:
     comp = res["comparison"]
     arms = list(comp)
-    lines = ["", "PVM experiment (same base, data and step budget per arm):", "",
+    extra = res.get("config", {}).get("train_tasks")
+    data = f"the base's instruct mix + {', '.join(extra)}" if extra else "the base's instruct mix"
+    lines = ["", f"PVM experiment (same base, data and step budget per arm; every trained arm learns from {data}):", "",
              "| measure | " + " | ".join(LABELS[a] for a in arms) + " |",
              "| --- | " + " | ".join("---" for _ in arms) + " |"]
     for label, key in HEADLINE:
