@@ -14,10 +14,11 @@ LAYERS = {
     "models": 2, "probes": 2,
     "pvm": 3, "diffusion": 3, "baselines": 3,
     "data": 4, "train": 4,
-    "world": 5, "inference": 5,
-    "experiments": 6, "bench": 6, "integrations": 6, "report": 6,
-    "demo": 7, "commands": 7,
-    "cli": 8,
+    "inference": 5,
+    "world": 6,  # the demo's world decodes and scores through inference, like every user of the library
+    "experiments": 7, "bench": 7, "integrations": 7, "report": 7,
+    "demo": 8, "commands": 8,
+    "cli": 9,
 }
 # the only third-party modules a function may import (optional extras), each with a comment on that line
 OPTIONAL = {"trl", "peft", "lmms_eval", "deepspeed", "torchvision"}

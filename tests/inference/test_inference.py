@@ -128,6 +128,25 @@ def test_pipeline_decodes_as_plain_generate(base, processor, images):
         pipe.generate(QUESTIONS, images, images_per_prompt=[2, 1])
 
 
+def test_a_model_in_memory_decodes_as_its_saved_checkpoint(base, processor, images, vlm):
+    """``Pipeline.from_model`` (the world's scoring): the loaded checkpoint's answers, token for token, and a decoding
+    method applied around it acts as in the loaded pipeline; a diffusion model is refused by name."""
+    model, path = base
+    loaded = Pipeline(path, device="cpu").generate(QUESTIONS, images, max_new_tokens=6).texts
+    pipe = Pipeline.from_model(model, processor)
+    assert pipe.generate(QUESTIONS, images, max_new_tokens=6).texts == loaded
+    prompts = [pipe.chat_prompt(q, 1) for q in QUESTIONS]
+    assert pipe.answer(pipe.encode(prompts, [[im] for im in images]), {"max_new_tokens": 6}) == loaded
+    vcd = Pipeline(path, device="cpu", baseline="vcd").generate(QUESTIONS, images, max_new_tokens=6).texts
+    method = Decoders([("vcd", {})], family="autoregressive")
+    enc = pipe.encode(prompts, [[im] for im in images])
+    with method.applied(model, enc["input_ids"].shape[1]):
+        assert pipe.answer(enc, {"max_new_tokens": 6}) == vcd
+    assert method.stats()["vcd"]
+    with pytest.raises(ValueError, match="decodes autoregressive models; this is llada_v"):
+        Pipeline.from_model(vlm, processor)
+
+
 def test_pipeline_reports_each_decoding_methods_stats(base, images):
     _, path = base
     out = Pipeline(path, device="cpu", baseline="vcd").generate(QUESTIONS, images, max_new_tokens=4)

@@ -1,5 +1,6 @@
-"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval`` and the lmms-eval model (the
-world experiments and the benchmarks, which score with their own loops, apply the same ``Decoders``).
+"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model and the
+world's scoring (``Pipeline.from_model`` around a model in memory); the benchmarks and the diffusion experiment,
+which time or step their own loops, apply the same ``Decoders``.
 
     from keepsight.inference import Pipeline
     pipe = Pipeline("runs/full/base", baseline="vcd")             # any supported checkpoint directory
@@ -26,7 +27,7 @@ from ..diffusion import generate as diffusion_generate
 from ..diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
 from ..diffusion.sampler import user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
-from ..models.arch import check_finite, check_length
+from ..models.arch import check_finite, check_length, kind_of
 from ..pvm import load_pvm
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
@@ -64,28 +65,13 @@ class Pipeline:
                  steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None, sampler: dict | None = None):
-        self.method = get_method(method, stage="load").name
-        # the decoding methods, applied in this order around each batch; built here so that bad settings are named
-        # before a (minutes long) load, prepared on the model once it is loaded
-        self._decoders = Decoders()
-        if self.method == "diffusion":  # elsewhere _check_method_arguments refuses mps / mrs
-            for name, settings in (("mps", mps), ("mrs", mrs)):
-                if settings is not None:
-                    self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
-        self._baseline = self._requested_baseline(baseline, baseline_args)
-        self.sampler = user_settings(sampler)  # checked before the (minutes long) load
+        # every setting is checked before the (minutes long) load
+        self._settings(method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
+                       block_length, cfg_scale, remasking, seed, system_prompt, sampler)
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
                                     "checkpoint directories only; download a hub model first)")
-        self.pvm_dir = None if pvm in (None, "") else Path(pvm).expanduser()
-        self.mps, self.mrs = mps, mrs
-        self.max_new_tokens = max_new_tokens
-        self.steps, self.gen_length, self.block_length = steps, gen_length, block_length
-        self.cfg_scale, self.remasking, self.seed = cfg_scale, remasking, seed
-        self.system_prompt = system_prompt or None
-        self._check_method_arguments(steps, gen_length, block_length)
-
         self._device = resolve_device(device)
         self._dtype = resolve_dtype(dtype, self._device)
         self.kind = checkpoint_kind(self.path)
@@ -93,7 +79,45 @@ class Pipeline:
         self._model, self._processor = self._load()
         self._decoders.prepare(self._model, self.tokenizer)
 
+    @classmethod
+    def from_model(cls, model, processor, max_new_tokens: int = 128, system_prompt: str | None = None) -> Pipeline:
+        """A pipeline around an autoregressive ``model`` already in memory, used as it is: a world experiment's arm
+        (the base with its method attached, or with a decoding method applied around the calls). Greedy unless asked
+        otherwise; no method or decoding method of its own."""
+        self = cls.__new__(cls)
+        self._settings("none", None, None, None, None, None, max_new_tokens, None, None, None, 0.0, "low_confidence",
+                       0, system_prompt, None)
+        self.path = None
+        self.kind = kind_of(model.config)
+        if ARCHITECTURES[self.kind].family == "diffusion":
+            raise ValueError(f"Pipeline.from_model decodes autoregressive models; this is {self.kind}")
+        first = next(model.parameters())
+        self._device, self._dtype = first.device, first.dtype
+        self._model, self._processor = model, processor
+        self._decoders.prepare(model, self.tokenizer)
+        return self
+
     # ------------------------------------------------------------------ setup
+
+    def _settings(self, method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
+                  block_length, cfg_scale, remasking, seed, system_prompt, sampler) -> None:
+        """``__init__``'s settings, checked, on ``self``."""
+        self.method = get_method(method, stage="load").name
+        # the decoding methods, applied in this order around each batch, prepared on the model once it is loaded
+        self._decoders = Decoders()
+        if self.method == "diffusion":  # elsewhere _check_method_arguments refuses mps / mrs
+            for name, settings in (("mps", mps), ("mrs", mrs)):
+                if settings is not None:
+                    self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
+        self._baseline = self._requested_baseline(baseline, baseline_args)
+        self.sampler = user_settings(sampler)
+        self.pvm_dir = None if pvm in (None, "") else Path(pvm).expanduser()
+        self.mps, self.mrs = mps, mrs
+        self.max_new_tokens = max_new_tokens
+        self.steps, self.gen_length, self.block_length = steps, gen_length, block_length
+        self.cfg_scale, self.remasking, self.seed = cfg_scale, remasking, seed
+        self.system_prompt = system_prompt or None
+        self._check_method_arguments(steps, gen_length, block_length)
 
     def _requested_baseline(self, baseline, baseline_args):
         """The baseline's method object (added to the decoding methods), built (its settings checked) before the
@@ -270,11 +294,14 @@ class Pipeline:
                 text = text[:at]
         return text.strip()
 
-    @torch.no_grad()
     def generate_prompts(self, prompts: list[str], images: list[list], gen_kwargs) -> list[str]:
         """Answers to chat-formatted ``prompts`` (``images``: one list per prompt) by this model's method."""
+        return self.answer(self.encode(prompts, images, "left"), gen_kwargs)
+
+    @torch.no_grad()
+    def answer(self, enc, gen_kwargs) -> list[str]:
+        """Answers to a left-padded batch ``enc`` (``encode``'s) by this model's method, decoded and cut."""
         s = self.settings(gen_kwargs)
-        enc = self.encode(prompts, images, "left")
         if self.method == "diffusion":
             new = self._diffuse(enc, s)
         else:

@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from ..data import chat_example, padding_side, render_prompt
+from ..inference import Pipeline
 from ..metrics import (
     accuracy_by_index,
     chair,
@@ -25,22 +25,19 @@ from .tasks import WorldSamples, chat_sample
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 
 
-def _encoded_batches(model, processor, prompts: list[str], images: list, batch_size: int, side: str):
-    """Chat-formatted, padded (on ``side``) processor batches on the model's device."""
-    tok = processor.tokenizer
-    device = next(model.parameters()).device
-    with padding_side(tok, side):
-        for i in range(0, len(prompts), batch_size):
-            texts = [chat_example(processor, p) for p in prompts[i : i + batch_size]]
-            yield processor(text=texts, images=[[im] for im in images[i : i + batch_size]], return_tensors="pt",
-                            padding=True).to(device)
+def _batches(pipe: Pipeline, prompts: list[str], images: list, batch_size: int, side: str):
+    """One-turn chat prompts (one image each), encoded by ``pipe`` in padded (on ``side``) batches."""
+    for i in range(0, len(prompts), batch_size):
+        yield pipe.encode([pipe.chat_prompt(p, 1) for p in prompts[i : i + batch_size]],
+                          [[im] for im in images[i : i + batch_size]], side)
 
 
 @torch.no_grad()
 def next_token_answers(model, processor, prompts: list[str], images: list, batch_size: int = 64) -> list[str]:
     """Greedy first answer token for each (prompt, image) (one forward pass, right padding)."""
+    pipe = Pipeline.from_model(model, processor)
     out: list[str] = []
-    for enc in _encoded_batches(model, processor, prompts, images, batch_size, "right"):
+    for enc in _batches(pipe, prompts, images, batch_size, "right"):
         logits = model(**enc).logits  # [B, T, V]
         last = enc["attention_mask"].sum(1) - 1  # [B]: last real token of each row
         ids = logits[torch.arange(len(last)), last].argmax(-1)
@@ -48,17 +45,14 @@ def next_token_answers(model, processor, prompts: list[str], images: list, batch
     return [o.strip() for o in out]
 
 
-@torch.no_grad()
 def generate_answers(model, processor, prompts: list[str], images: list, max_new_tokens: int,
                      batch_size: int = 32) -> list[str]:
-    """Greedy generations (left padding, KV cache) for each (prompt, image)."""
+    """Greedy generations (``keepsight.inference.Pipeline``: left padding, KV cache) for each (prompt, image)."""
+    pipe = Pipeline.from_model(model, processor)
     out: list[str] = []
-    tok = processor.tokenizer
-    for enc in _encoded_batches(model, processor, prompts, images, batch_size, "left"):
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return [o.strip() for o in out]
+    for enc in _batches(pipe, prompts, images, batch_size, "left"):
+        out += pipe.answer(enc, {"max_new_tokens": max_new_tokens})
+    return out
 
 
 def evaluate_yes_no(model, processor, samples: WorldSamples, batch_size: int = 64,
@@ -147,8 +141,8 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
     if not lengths or lengths[0] < 0:
         raise ValueError(f"lengths must be non-negative turn counts, got {lengths}")
     tok = processor.tokenizer
+    pipe = Pipeline.from_model(model, processor)
     probes = [history_probe(s, samples.config, lengths[-1], seed) for s in samples.scenes]
-    device = next(model.parameters()).device
     per_length: dict[int, dict] = {}
     hits: dict[int, list[float]] = {}
     for h in lengths:
@@ -157,15 +151,11 @@ def evaluate_history(model, processor, samples: WorldSamples, lengths=HISTORY_LE
         right, omega, tvr, text = [], [], [], []
         for i in range(0, len(chats), batch_size):
             batch = chats[i : i + batch_size]
-            with padding_side(tok, "left"):
-                enc = processor(text=[render_prompt(processor, c) for c in batch],
-                                images=[list(c.images) for c in batch], return_tensors="pt",
-                                padding=True).to(device)
+            enc = pipe.encode([pipe.sample_prompt(c) for c in batch], [list(c.images) for c in batch])
             with VisualAttentionProbe(model) if probe else contextlib.nullcontext() as watch:
-                gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
-            answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                answers = pipe.answer(enc, {"max_new_tokens": 1})
             finals = [p[1] for p in probes[i : i + batch_size]]
-            right += [float(a.strip() == f["answer"]) for a, f in zip(answers, finals)]
+            right += [float(a == f["answer"]) for a, f in zip(answers, finals)]
             if probe:
                 ratio = watch.log_ratio[0]  # [L, B, H] at the answering position (left padding: the last column)
                 omega += torch.sigmoid(ratio).mean((0, 2)).tolist()
@@ -200,17 +190,13 @@ def oracle_recovery(oracle: dict, base: dict) -> dict:
 @torch.no_grad()
 def _final_hits(model, processor, chats: list, finals: list[dict], batch_size: int) -> list[float]:
     """1.0 where the greedy first token after each chat (left padding) is the final question's answer, else 0.0."""
-    tok = processor.tokenizer
-    device = next(model.parameters()).device
+    pipe = Pipeline.from_model(model, processor)
     hits: list[float] = []
     for i in range(0, len(chats), batch_size):
         batch = chats[i : i + batch_size]
-        with padding_side(tok, "left"):
-            enc = processor(text=[render_prompt(processor, c) for c in batch], images=[list(c.images) for c in batch],
-                            return_tensors="pt", padding=True).to(device)
-        gen = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=tok.pad_token_id)
-        answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        hits += [float(a.strip() == f["answer"]) for a, f in zip(answers, finals[i : i + batch_size])]
+        answers = pipe.generate_prompts([pipe.sample_prompt(c) for c in batch], [list(c.images) for c in batch],
+                                        {"max_new_tokens": 1})
+        hits += [float(a == f["answer"]) for a, f in zip(answers, finals[i : i + batch_size])]
     return hits
 
 
