@@ -192,6 +192,12 @@ PROFILES = {
                               seeds=(0, 1, 2),
                               pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150),
                                                 train_tasks=("describe_ask",))),
+    # `--profile regime-format`: the same bases, every PVM arm trained on the regime's format alone (describe_ask is
+    # 3% of regime-ask's data: 600 steps see about 270 such answers)
+    "regime-format": DemoProfile(name="regime-format", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
+                                 seeds=(0, 1, 2),
+                                 pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150),
+                                                   train_tasks=("describe_ask",), instruct_mix=False)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
@@ -219,6 +225,7 @@ PROFILE_HELP = {
               "recovers it), 3 seeds, every PVM arm, the released baselines and the control there (about 110 minutes)",
     "regime-ask": "the regime profile's bases, every PVM arm trained with the regime's format (a description, then a "
                   "question the image answers) added to its data, 3 seeds",
+    "regime-format": "the same with every PVM arm trained on the regime's format alone, 3 seeds",
     "extended": "a 6-layer base and the PVM arms",
     "smoke": "tiny budgets (= --smoke)",
 }

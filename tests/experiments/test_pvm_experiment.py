@@ -26,8 +26,16 @@ def test_extra_tasks_join_the_instruct_mix_and_key_the_cache(tmp_path):
     assert sft_dir_of(plain, base).name == f"sft-{digest([plain.pvm.to_dict(), plain.sft.__dict__], 12)}"
     assert sft_dir_of(ask, base) != sft_dir_of(plain, base) and sft_dir_of(ask, base).parent == sft_dir_of(plain, base).parent
     assert ask.to_dict()["train_tasks"] == ["describe_ask"]
+    # the tasks alone: another mix, another adapter
+    alone = PVMExperiment(train_tasks=("describe_ask",), instruct_mix=False)
+    only = training_config(alone, REGIME_RECIPE)
+    assert only.instruct_tasks == ("describe_ask",)
+    assert {only.instruct_mix(samples, 0).category(i) for i in range(6)} == {"describe_ask"}
+    assert len({sft_dir_of(e, base) for e in (plain, ask, alone)}) == 3
 
 
-def test_an_unknown_training_task_is_refused():
+def test_an_unknown_training_task_or_no_data_is_refused():
     with pytest.raises(ValueError, match="unknown train_tasks"):
         PVMExperiment(train_tasks=("describe_ask_twice",))
+    with pytest.raises(ValueError, match="name their train_tasks"):
+        PVMExperiment(instruct_mix=False)

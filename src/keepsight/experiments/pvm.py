@@ -48,6 +48,7 @@ class PVMExperiment:
     # tasks every trained arm (stage 1, the LoRA, full fine-tuning) trains on besides the base's own instruct mix:
     # ("describe_ask",) adds the regime's format, a description then a question whose answer follows the image
     train_tasks: tuple[str, ...] = ()
+    instruct_mix: bool = True  # False: the trained arms learn from train_tasks alone
 
     def __post_init__(self) -> None:
         self.grpo_tasks = tuple(check_tasks(self.grpo_tasks))
@@ -55,12 +56,15 @@ class PVMExperiment:
         unknown = [t for t in self.train_tasks if t not in VLMDataset.TASKS]
         if unknown:
             raise ValueError(f"unknown train_tasks {unknown}; choose from {list(VLMDataset.TASKS)}")
+        if not self.instruct_mix and not self.train_tasks:
+            raise ValueError("instruct_mix=False leaves the arms no data: name their train_tasks")
 
     def to_dict(self) -> dict:
         return {"pvm": self.pvm.to_dict(), "sft": asdict(self.sft), "lora": asdict(self.lora),
                 "grpo": asdict(self.grpo), "finetune": asdict(self.finetune) if self.finetune else None,
                 "n_grpo_scenes": self.n_grpo_scenes, "grpo_tasks": list(self.grpo_tasks),
-                "format_weight": self.format_weight, "train_tasks": list(self.train_tasks)}
+                "format_weight": self.format_weight, "train_tasks": list(self.train_tasks),
+                "instruct_mix": self.instruct_mix}
 
 
 def _strip(summary: dict) -> dict:
@@ -69,7 +73,9 @@ def _strip(summary: dict) -> dict:
 
 def _keyed(parts: list, exp: PVMExperiment) -> str:
     """A cache key of an arm's settings ``parts`` and, where ``exp`` adds any, its extra training tasks."""
-    return digest(parts + [list(exp.train_tasks)] if exp.train_tasks else parts, 12)
+    if exp.train_tasks:
+        parts = parts + [list(exp.train_tasks)] + ([] if exp.instruct_mix else ["tasks alone"])
+    return digest(parts, 12)
 
 
 def sft_dir_of(exp: PVMExperiment, model_dir) -> Path:
@@ -79,7 +85,10 @@ def sft_dir_of(exp: PVMExperiment, model_dir) -> Path:
 
 
 def training_config(exp: PVMExperiment, tc: TrainConfig) -> TrainConfig:
-    """The base's recipe ``tc`` with ``exp``'s extra tasks in its instruct mix: what every trained arm learns from."""
+    """The base's recipe ``tc`` with ``exp``'s extra tasks in its instruct mix (or, without ``exp.instruct_mix``, in
+    its place): what every trained arm learns from."""
+    if not exp.instruct_mix:
+        return replace(tc, instruct_tasks=exp.train_tasks)
     extra = tuple(t for t in exp.train_tasks if t not in tc.instruct_tasks)
     return replace(tc, instruct_tasks=tc.instruct_tasks + extra) if extra else tc
 

@@ -88,8 +88,11 @@ def pvm_sections(res: dict, plot: Path, text_plot: Path | None = None) -> list[t
 def pvm_markdown(res: dict) -> str:
     comp = res["comparison"]
     arms = list(comp)
-    extra = res.get("config", {}).get("train_tasks")
+    config = res.get("config", {})
+    extra = config.get("train_tasks")
     data = f"the base's instruct mix + {', '.join(extra)}" if extra else "the base's instruct mix"
+    if extra and config.get("instruct_mix") is False:
+        data = f"{', '.join(extra)} alone"
     lines = ["", f"PVM experiment (same base, data and step budget per arm; every trained arm learns from {data}):", "",
              "| measure | " + " | ".join(LABELS[a] for a in arms) + " |",
              "| --- | " + " | ".join("---" for _ in arms) + " |"]
