@@ -83,6 +83,9 @@ EXPERIMENTS: dict[str, Experiment] = {
 PVM_BLOCK = PVMConfig()
 PVM_SFT = PVMTrainConfig(warmup_ratio=0.1)
 
+# the PVM arms trained with the regime's own format (describe_ask) beside the instruct mix
+REGIME_ASK = PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150), train_tasks=("describe_ask",))
+
 # the training-free baselines at their released defaults
 RELEASED_BASELINES = {k: BASELINE_ARMS[k] for k in ("vcd", "pai", "memvr", "deco")}
 
@@ -189,15 +192,11 @@ PROFILES = {
     # (half the descriptions state one object wrongly; "describe_ask"), so that stage 1 has answers after long text
     # that only the image gives
     "regime-ask": DemoProfile(name="regime-ask", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
-                              seeds=(0, 1, 2),
-                              pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150),
-                                                train_tasks=("describe_ask",))),
+                              seeds=(0, 1, 2), pvm=REGIME_ASK),
     # `--profile regime-format`: the same bases, every PVM arm trained on the regime's format alone (describe_ask is
     # 3% of regime-ask's data: 600 steps see about 270 such answers)
     "regime-format": DemoProfile(name="regime-format", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
-                                 seeds=(0, 1, 2),
-                                 pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150),
-                                                   train_tasks=("describe_ask",), instruct_mix=False)),
+                                 seeds=(0, 1, 2), pvm=dataclasses.replace(REGIME_ASK, instruct_mix=False)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(

@@ -66,8 +66,10 @@ class Pipeline:
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None, sampler: dict | None = None):
         # every setting is checked before the (minutes long) load
-        self._settings(method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
-                       block_length, cfg_scale, remasking, seed, system_prompt, sampler)
+        self._settings(method=method, pvm=pvm, baseline=baseline, baseline_args=baseline_args, mps=mps, mrs=mrs,
+                       max_new_tokens=max_new_tokens, steps=steps, gen_length=gen_length, block_length=block_length,
+                       cfg_scale=cfg_scale, remasking=remasking, seed=seed, system_prompt=system_prompt,
+                       sampler=sampler)
         self.path = Path(pretrained).expanduser()
         if not self.path.is_dir():
             raise FileNotFoundError(f"pretrained={pretrained}: no such directory (keepsight loads local "
@@ -85,8 +87,9 @@ class Pipeline:
         (the base with its method attached, or with a decoding method applied around the calls). Greedy unless asked
         otherwise; no method or decoding method of its own."""
         self = cls.__new__(cls)
-        self._settings("none", None, None, None, None, None, max_new_tokens, None, None, None, 0.0, "low_confidence",
-                       0, system_prompt, None)
+        self._settings(method="none", pvm=None, baseline=None, baseline_args=None, mps=None, mrs=None,
+                       max_new_tokens=max_new_tokens, steps=None, gen_length=None, block_length=None, cfg_scale=0.0,
+                       remasking="low_confidence", seed=0, system_prompt=system_prompt, sampler=None)
         self.path = None
         self.kind = kind_of(model.config)
         if ARCHITECTURES[self.kind].family == "diffusion":
@@ -99,7 +102,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ setup
 
-    def _settings(self, method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
+    def _settings(self, *, method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
                   block_length, cfg_scale, remasking, seed, system_prompt, sampler) -> None:
         """``__init__``'s settings, checked, on ``self``."""
         self.method = get_method(method, stage="load").name
