@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from keepsight.demo import PROFILE_HELP, PROFILES, cache_key, run_demo
+from keepsight.demo import cache_key, run_demo
+from keepsight.profiles import PROFILE_HELP, PROFILES
 from smoke_pins import PINS, pick
 
 

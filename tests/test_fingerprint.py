@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from keepsight.demo import PROFILES, cache_key
+from keepsight.demo import cache_key
 from keepsight.fingerprint import differences, digest
+from keepsight.profiles import PROFILES
 
 
 @pytest.mark.parametrize("obj", [{"b": 1, "a": [1.5, "x", None]}, [{"z": True}, 3], "text"])

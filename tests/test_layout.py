@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "keepsight"
 
 # package -> layer; a module may import its own package and packages of the same or a lower layer
 LAYERS = {
-    "keepsight": 0, "atomic": 0, "checks": 0, "fingerprint": 0, "determinism": 0, "jsonl": 0, "ops": 0, "metrics": 0,
+    "keepsight": 0, "atomic": 0, "checks": 0, "methods": 0, "openmp": 0, "fingerprint": 0, "determinism": 0, "jsonl": 0, "ops": 0, "metrics": 0,
     "bridge": 1,  # projector modules on ops (a bridged LLaVA is an architecture the loader builds)
     "models": 2, "probes": 2,
     "pvm": 3, "diffusion": 3, "baselines": 3,
@@ -17,8 +17,8 @@ LAYERS = {
     "inference": 5,
     "world": 6,  # the demo's world decodes and scores through inference, like every user of the library
     "experiments": 7, "bench": 7, "integrations": 7, "report": 7,
-    "demo": 8, "commands": 8,
-    "cli": 9,
+    "demo": 8, "profiles": 8, "commands": 8,
+    "cli": 9, "launch": 10,
 }
 # the only third-party modules a function may import (optional extras), each with a comment on that line
 OPTIONAL = {"trl", "peft", "lmms_eval", "deepspeed", "torchvision"}

@@ -74,14 +74,19 @@ def test_baselines_bench_times_every_method(tmp_path):
 def test_threads_bench_times_each_count_beside_each_neighbour(tmp_path, monkeypatch):
     from keepsight.bench import threads
     from keepsight.determinism import usable_cores
+    from keepsight.openmp import SPINCOUNT
 
     monkeypatch.setattr(threads, "NEIGHBOURS", {"none": None, "python loop": ("python",)})
-    monkeypatch.setattr(threads, "THREADS", ("1", "auto"))
+    monkeypatch.setattr(threads, "SETTINGS", (("1", "keepsight"), ("auto", "keepsight"), ("1", "libgomp")))
+    monkeypatch.setattr(threads, "REFERENCE", ("1", "libgomp"))
     res = threads.run(tmp_path, steps=2, repeats=1)
-    rows = {(r["neighbour"], r["threads"]): r for r in res["rows"]}
-    assert set(rows) == {(n, t) for n in ("none", "python loop") for t in ("1", "auto")}
+    rows = {(r["neighbour"], r["threads"], r["wait"]): r for r in res["rows"]}
+    assert set(rows) == {(n, *s) for n in ("none", "python loop") for s in threads.SETTINGS}
     assert all(r["steps_per_s"] > 0 and r["threads_used"][0] >= 1 for r in rows.values())
-    assert rows[("none", "1")]["slowdown"] == 1.0 and rows[("python loop", "1")]["threads_used"] == [1]
+    assert rows[("none", "1", "keepsight")]["slowdown"] == 1.0 and rows[("none", "1", "libgomp")]["vs_reference"] == 1.0
+    assert rows[("python loop", "1", "keepsight")]["threads_used"] == [1] and res["spincount"] == SPINCOUNT
     if usable_cores() >= 2:  # auto leaves the neighbour's core alone
-        assert rows[("python loop", "auto")]["threads_used"][0] < rows[("none", "auto")]["threads_used"][0]
+        assert (rows[("python loop", "auto", "keepsight")]["threads_used"][0]
+                < rows[("none", "auto", "keepsight")]["threads_used"][0])
+    assert threads.wait_env("keepsight")["GOMP_SPINCOUNT"] == SPINCOUNT and "GOMP_SPINCOUNT" not in threads.wait_env("libgomp")
     assert json.loads((tmp_path / "threads.json").read_text())["benchmark"] == "threads"

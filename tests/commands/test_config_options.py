@@ -137,7 +137,7 @@ def test_bad_values_are_argparse_errors_naming_the_option(capsys):
         build_parser().parse_args(["pvm", "train", "--model", "m", "--data", "d", "--out", "o", "--pvm.dropout",
                                    "much"])
     assert e.value.code == 2
-    assert "argument --pvm.dropout: expected float, got 'much'" in capsys.readouterr().err
+    assert "argument --pvm.dropout: must be a finite number, got 'much'" in capsys.readouterr().err
 
 
 def test_lia_mtr_options_need_phase_one_and_lia_mtr(world, capsys):

@@ -8,7 +8,10 @@ import pytest
 
 from keepsight.cli import build_parser, main
 from keepsight.commands import eval as eval_command
-from keepsight.commands.method_options import baseline_choice, switched_settings
+from keepsight.commands.method_options import baseline_choice, sampler_settings, switched_settings
+from keepsight.inference import get_method
+from keepsight.inference.arguments import config_keys
+from keepsight.integrations.lmms_eval import SAMPLER_KEYS
 from keepsight.world.models import save_tiny_checkpoint
 
 GENERATE = ["eval", "generate", "--model", "m", "--data", "d", "--out", "o.jsonl"]
@@ -64,10 +67,23 @@ def test_bad_settings_are_named_before_the_model_loads(monkeypatch, capsys, extr
     assert message in capsys.readouterr().err
 
 
+def test_the_command_line_and_lmms_eval_read_a_setting_with_one_converter():
+    """``--<method>.FIELD`` words and lmms-eval's ``<method>_FIELD=`` strings go through the same converter
+    (``field_converter``): the same settings, the same words accepted."""
+    mps_keys, mrs_keys = (config_keys(get_method(n).config) for n in ("mps", "mrs"))
+    cases = [("mps", mps_keys, ["--mps.layers", "-2", "-1", "--mps.k", "5"], {"layers": "[-2, -1]", "k": "5"}),
+             ("mps", mps_keys, ["--mps.layers", "final"], {"layers": "final"}),
+             ("mrs", mrs_keys, ["--mrs.segments", "visual", "gen", "--mrs.beta", "0.02"],
+              {"segments": "visual;gen", "beta": "0.02"})]
+    for name, keys, words, model_args in cases:
+        assert switched_settings(_args(*words), name) == {k: keys[k](k, v) for k, v in model_args.items()}
+    assert sampler_settings(_args("--sampler.threshold", "0.9")) == {"threshold": SAMPLER_KEYS["threshold"]("t", "0.9")}
+
+
 def test_a_value_of_the_wrong_type_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
         _args("--vcd.alpha", "strong")
-    assert "--vcd.alpha: expected float, got 'strong'" in capsys.readouterr().err
+    assert "argument --vcd.alpha: must be a finite number, got 'strong'" in capsys.readouterr().err
 
 
 def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
@@ -81,14 +97,14 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
     monkeypatch.setattr(eval_command, "Pipeline", Recorder)
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8"))
-    assert seen["mps"] == {"k": 4} and seen["mrs"] == {} and seen["baseline"] is None and seen["sampler"] == {}
+    assert seen["decoding"] == {"mps": {"k": 4}, "mrs": {}} and seen["baseline"] is None and seen["sampler"] == {}
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--sampler.cache", "prompt", "--sampler.threshold", "0.9",
                                        "--sampler.threshold_rule", "schedule"))
     assert seen["sampler"] == {"cache": "prompt", "threshold": 0.9, "threshold_rule": "schedule"}
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--pai.alpha", "0.5"))
-    assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["mps"] is None
+    assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["decoding"] == {}
 
 
 def test_world_eval_scores_equal_either_way(tmp_path):

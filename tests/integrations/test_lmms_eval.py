@@ -240,6 +240,8 @@ def test_diffusion_generates_and_matches_the_sampler(llada_dir, vlm, processor, 
     if tok.eos_token_id in gen:
         gen = gen[: gen.index(tok.eos_token_id)]
     assert out[0] == tok.decode(gen, skip_special_tokens=True).strip()
+    with pytest.raises(ValueError, match="min_new_tokens applies to autoregressive decoding"):
+        lm.generate_until(gen_requests({"max_new_tokens": 8, "min_new_tokens": 8}, [0]))
     with pytest.raises(NotImplementedError, match="method=diffusion"):
         lm.loglikelihood([FakeInstance("loglikelihood", (QUESTIONS[0], " yes", visual, 0, TASK, SPLIT))])
 
@@ -325,11 +327,11 @@ def test_diffusion_lengths_and_the_llada_v_layout(llada_dir, vlm, tmp_path, task
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"method": "beam"}, ValueError, "method must be one of"),
     ({"pvm": "adapters/pvm"}, ValueError, "pass method=pvm"),
-    ({"method": "pvm"}, ValueError, "needs pvm=<adapter directory>"),
+    ({"method": "pvm"}, ValueError, "needs pvm=<a PVM adapter directory"),
     ({"mps": True}, ValueError, "only apply to method=diffusion"),
     ({"mrs_beta": 0.1}, ValueError, "only apply to method=diffusion"),
     ({"steps": 8}, ValueError, "only apply to method=diffusion"),
-    ({"method": "diffusion"}, ValueError, "needs a masked-diffusion VLM"),
+    ({"method": "diffusion"}, ValueError, "runs on diffusion checkpoints \\(a masked-diffusion VLM"),
     ({"method": "bridge"}, ValueError, "bridge-converted checkpoint"),
     ({"batch_size": "two"}, ValueError, "batch_size must be an integer"),
     ({"batch_size": "auto"}, ValueError, "automatic batch sizing"),

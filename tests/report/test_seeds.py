@@ -3,8 +3,8 @@ text grows, with intervals over the seeds, its verdicts against the base, and th
 
 import pytest
 
-from keepsight.demo import PROFILES, RELEASED_BASELINES
 from keepsight.experiments.aggregate import aggregate
+from keepsight.profiles import PROFILES, RELEASED_BASELINES
 from keepsight.report.seeds import description_rows, plot_seeds, seeds_markdown, seeds_sections
 
 

@@ -13,6 +13,7 @@ results of two logit-level methods together are not what either paper measured).
     print(vcd.stats())
 """
 
+from ..methods import METHODS
 from .base import Baseline, Stats
 from .deco import DeCo, DeCoConfig
 from .memvr import MemVR, MemVRConfig
@@ -20,8 +21,8 @@ from .opera import OPERA, OPERAConfig
 from .pai import PAI, PAIConfig
 from .vcd import VCD, VCDConfig, alpha_bar, distort
 
-BASELINES = {"vcd": (VCD, VCDConfig), "pai": (PAI, PAIConfig), "memvr": (MemVR, MemVRConfig),
-             "deco": (DeCo, DeCoConfig), "opera": (OPERA, OPERAConfig)}
+# name -> (class, config) of the baselines above, each registered by its module (``keepsight.methods``)
+BASELINES = {name: (METHODS[name].build, METHODS[name].config) for name in ("vcd", "pai", "memvr", "deco", "opera")}
 
 
 def build_baseline(name: str, **settings) -> Baseline:

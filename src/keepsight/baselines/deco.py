@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from ..checks import layer_indices, number
+from ..methods import register_method
 from ..models.arch import arch_info
 from .base import Baseline
 
@@ -110,3 +111,6 @@ class DeCo(Baseline):
             return out
 
         self._logits_hook(model, stack, combine)
+
+
+register_method("deco", DeCoConfig, DeCo, family="autoregressive", needs="nothing")

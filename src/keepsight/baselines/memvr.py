@@ -34,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from ..checks import layer_indices, number
+from ..methods import register_method
 from ..models.arch import arch_info, starts_sequence
 from .base import Baseline
 
@@ -248,3 +249,6 @@ class MemVR(Baseline):
         handles += [info.ffn(i + 1).register_forward_hook(retrace(i + 1)) for i in probed]
         for handle in handles:
             stack.callback(handle.remove)
+
+
+register_method("memvr", MemVRConfig, MemVR, family="autoregressive", needs="nothing")

@@ -39,6 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..checks import layer_indices, number
+from ..methods import register_method
 from ..models.arch import arch_info, rope_state_kept, starts_sequence
 from .base import Baseline
 
@@ -224,3 +225,6 @@ class PAI(Baseline):
         out = logits.clone()
         out[:, -1] = refined
         return out
+
+
+register_method("pai", PAIConfig, PAI, family="autoregressive", needs="nothing")

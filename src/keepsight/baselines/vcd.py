@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from ..checks import number
+from ..methods import register_method
 from ..models.arch import arch_spec
 from .base import Baseline, Stream, capture_image_inputs
 
@@ -135,3 +136,6 @@ class VCD(Baseline):
             return out.masked_fill(logits < cutoff, float("-inf"))
 
         self._logits_hook(model, stack, combine, skip=lambda: stream.inside)
+
+
+register_method("vcd", VCDConfig, VCD, family="autoregressive", needs="nothing (a noised copy of the image is made)")

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import torch
 
-from ..data import chat_example, padding_side
-from ..inference import Decoders
+from ..inference import Pipeline
 from ..world import generate_scenes as world_scenes
 from ..world import render, world_config
 from ..world.models import PRESETS, build_model, preset_processor
 from ..world.texts import DESCRIBE_PROMPT
 from . import write_result
 
-# method -> (settings, the design cost in plain forwards per token, generate's extra arguments for both arms)
+# method -> (settings, the design cost in plain forwards per token, decoding settings for both arms)
 METHODS = {"vcd": ({}, 2.0, {}), "pai": ({}, 2.0, {}), "pai (attention only)": ({"gamma": 0.0, "beta": 0.0}, 1.0, {}),
            "memvr": ({"threshold": 0.0}, 1.0, {}), "deco": ({}, 1.0, {}),
            # against plain beam search with the same 5 beams: one forward for the beams plus one per candidate (5)
@@ -32,17 +31,10 @@ SIZES = {"tiny": {}, "mid": {"text_hidden": 512, "text_layers": 8, "text_heads":
                              "text_intermediate": 1536}}
 
 
-def _generate(model, enc, kw, method: Decoders | None = None) -> None:
-    if method is None:
-        model.generate(**enc, **kw)
-        return
-    with method.applied(model, enc["input_ids"].shape[1]):
-        model.generate(**enc, **kw)
-
-
-def _timed(fn) -> float:
+def _timed(pipe: Pipeline, enc, gen_kwargs: dict) -> float:
+    """Wall seconds of ``pipe.answer(enc, gen_kwargs)``."""
     t0 = time.perf_counter()
-    fn()
+    pipe.answer(enc, gen_kwargs)
     return time.perf_counter() - t0
 
 
@@ -60,27 +52,26 @@ def run(out: str | Path = "runs/bench", batch: int = 4, new_tokens: int = MAX_NE
         preset = replace(PRESETS["tiny-llava"], **change)
         processor = preset_processor(preset)
         model = build_model(preset, processor.tokenizer, seed=0).eval()
-        with padding_side(processor.tokenizer, "left"):
-            enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images,
-                            return_tensors="pt", padding=True)
-        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                  pad_token_id=processor.tokenizer.pad_token_id)
+        # the call a user makes: Pipeline.answer on an encoded batch, with and without the baseline
+        plain = Pipeline.from_model(model, processor)
+        enc = plain.encode([plain.chat_prompt(DESCRIBE_PROMPT, 1)] * batch, [[im] for im in images])
+        kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
 
-        _generate(model, enc, kw)  # warm-up
+        plain.answer(enc, kw)  # warm-up
         for name, (settings, design, extra) in METHODS.items():
             method_name = name.split(" ")[0]  # "pai (attention only)" -> pai
-            method = Decoders([(method_name, settings)], family="autoregressive")
+            arm = Pipeline.from_model(model, processor, baseline=method_name, baseline_args=settings)
             k_arm = {**kw, **extra}
-            _generate(model, enc, k_arm, method)
+            arm.answer(enc, k_arm)
             ta, tb = [], []
             for _ in range(pairs):
-                ta.append(_timed(lambda m=model, e=enc, k=k_arm: _generate(m, e, k)))
-                tb.append(_timed(lambda m=model, e=enc, k=k_arm, x=method: _generate(m, e, k, x)))
+                ta.append(_timed(plain, enc, k_arm))
+                tb.append(_timed(arm, enc, k_arm))
             ratio = statistics.median(b / a for a, b in zip(ta, tb))
             rows.append({"size": size, "method": name, "ratio": ratio, "design": design,
                          "ms_per_token_plain": 1000 * statistics.median(ta) / new_tokens,
                          "ms_per_token": 1000 * statistics.median(tb) / new_tokens,
-                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": method.stats()[method_name]})
+                         "within_10pct_of_design": ratio <= 1.1 * design, "stats": arm.baseline_stats()})
     print(f"{'size':<6}{'method':<22}{'ms/token plain':>15}{'ms/token':>10}{'ratio':>8}{'design':>8}")
     for r in rows:
         print(f"{r['size']:<6}{r['method']:<22}{r['ms_per_token_plain']:>15.2f}{r['ms_per_token']:>10.2f}"

@@ -1,16 +1,21 @@
 """``keepsight bench threads``: training beside other work. The world base's instruct step (the tiny LLaVA, a batch
 of 16 instruct items, forward + backward + AdamW) timed at 1 thread, 2 threads and ``auto`` (the cores free when it
-starts), alone and beside each kind of neighbour: a pure Python loop (one busy thread), a torch matmul loop at 1
-thread, and one at 2 threads (torch's default on 2 cores, as another keepsight command took before ``auto``).
+starts) under keepsight's OpenMP wait policy (``keepsight.openmp``: what every ``keepsight`` command runs with), and
+at 2 threads under libgomp's own (its idle threads spin 300,000 times before they sleep), alone and beside each kind
+of neighbour: a pure Python loop (one busy thread), a torch matmul loop at 1 thread (what another keepsight command
+takes beside a busy one: ``--threads auto``), and one at 2 threads (a program at torch's default on 2 cores).
 
 Each timing runs in its own process (a thread count and OpenMP's pool are per process); the neighbour starts before
-it and is killed after. Rows are interleaved over ``repeats`` rounds; each cell is the median steps per second, and
-its slowdown is against the same thread count alone. Why a parallel region collapses: each waits for its slowest
-thread, and a thread that shares its core with another process runs a fraction of each time slice.
+it and is killed after, and runs under libgomp's own policy. Rows are interleaved over ``repeats`` rounds; each cell
+is the median steps per second, its slowdown against the same setting alone and its speed against libgomp's policy
+at 2 threads alone (the default before keepsight set a policy). Why a parallel region collapses: each waits for its
+slowest thread, and a thread that shares its core with another process runs a fraction of each time slice; an idle
+thread that spins takes the time its partner needs.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +26,7 @@ import torch
 
 from ..data import VLMCollator
 from ..determinism import resolve_threads
+from ..openmp import SPINCOUNT, USER_SETTINGS, set_wait_policy
 from ..world import generate_scenes, world_config
 from ..world.models import build_model, preset_processor
 from ..world.tasks import WorldSamples, instruct_data
@@ -28,7 +34,18 @@ from . import write_result
 
 NEIGHBOURS = {"none": None, "python loop": ("python",), "torch, 1 thread": ("torch", "1"),
               "torch, 2 threads": ("torch", "2")}
-THREADS = ("1", "2", "auto")
+# (threads, OpenMP wait policy) timed: keepsight's at each thread count, libgomp's own at 2 threads
+SETTINGS = (("1", "keepsight"), ("2", "keepsight"), ("auto", "keepsight"), ("2", "libgomp"))
+REFERENCE = ("2", "libgomp")  # the speed every row is also compared with, alone
+
+
+def wait_env(policy: str) -> dict:
+    """This process's environment with OpenMP's wait policy ``policy``: ``keepsight`` (``keepsight.openmp``) or
+    ``libgomp`` (neither variable set: its own default)."""
+    env = {k: v for k, v in os.environ.items() if k not in USER_SETTINGS}
+    if policy == "keepsight":
+        set_wait_policy(env)
+    return env
 
 
 def neighbour(kind: str, threads: str = "1") -> None:
@@ -67,15 +84,16 @@ def work(threads: str, steps: int) -> None:
     print(f"{steps / (time.perf_counter() - t0):.4f} {n}", flush=True)
 
 
-def _timed(threads: str, kind: tuple | None, steps: int) -> tuple[float, int]:
+def _timed(threads: str, policy: str, kind: tuple | None, steps: int) -> tuple[float, int]:
     code = "from keepsight.bench.threads import {0}; {0}({1})"
     busy = None
     if kind is not None:
-        busy = subprocess.Popen([sys.executable, "-c", code.format("neighbour", ", ".join(map(repr, kind)))])
+        busy = subprocess.Popen([sys.executable, "-c", code.format("neighbour", ", ".join(map(repr, kind)))],
+                                env=wait_env("libgomp"))
         time.sleep(1.0)
     try:
         out = subprocess.run([sys.executable, "-c", code.format("work", f"{threads!r}, {steps}")], check=True,
-                             capture_output=True, text=True).stdout.split()
+                             capture_output=True, text=True, env=wait_env(policy)).stdout.split()
     finally:
         if busy is not None:
             busy.kill()
@@ -84,24 +102,26 @@ def _timed(threads: str, kind: tuple | None, steps: int) -> tuple[float, int]:
 
 
 def run(out: str | Path = "runs/bench", steps: int = 30, repeats: int = 3) -> dict:
-    rates: dict[tuple[str, str], list[float]] = {}
-    used: dict[tuple[str, str], list[int]] = {}
+    rates: dict[tuple[str, str, str], list[float]] = {}
+    used: dict[tuple[str, str, str], list[int]] = {}
     for _ in range(repeats):
         for name, kind in NEIGHBOURS.items():
-            for t in THREADS:
-                rate, n = _timed(t, kind, steps)
-                rates.setdefault((name, t), []).append(rate)
-                used.setdefault((name, t), []).append(n)
+            for t, policy in SETTINGS:
+                rate, n = _timed(t, policy, kind, steps)
+                rates.setdefault((name, t, policy), []).append(rate)
+                used.setdefault((name, t, policy), []).append(n)
+    reference = statistics.median(rates[("none", *REFERENCE)])
     rows = []
-    for (name, t), rs in rates.items():
-        alone = statistics.median(rates[("none", t)])
-        rows.append({"neighbour": name, "threads": t, "threads_used": sorted(set(used[(name, t)])),
-                     "steps_per_s": statistics.median(rs), "all": rs,
-                     "slowdown": alone / statistics.median(rs)})
-    print(f"{'neighbour':<18s} {'threads':>7s} {'used':>5s} {'steps/s':>8s} {'slowdown':>9s}")
+    for (name, t, policy), rs in rates.items():
+        alone = statistics.median(rates[("none", t, policy)])
+        rows.append({"neighbour": name, "threads": t, "wait": policy, "threads_used": sorted(set(used[(name, t, policy)])),
+                     "steps_per_s": statistics.median(rs), "all": rs, "slowdown": alone / statistics.median(rs),
+                     "vs_reference": statistics.median(rs) / reference})
+    print(f"{'neighbour':<18s} {'threads':>7s} {'wait':>9s} {'used':>5s} {'steps/s':>8s} {'slowdown':>9s} "
+          f"{'vs 2 libgomp alone':>19s}")
     for r in rows:
-        print(f"{r['neighbour']:<18s} {r['threads']:>7s} {'/'.join(map(str, r['threads_used'])):>5s} "
-              f"{r['steps_per_s']:8.2f} {r['slowdown']:8.1f}x")
-    result = {"benchmark": "threads", "steps": steps, "repeats": repeats, "rows": rows}
+        print(f"{r['neighbour']:<18s} {r['threads']:>7s} {r['wait']:>9s} {'/'.join(map(str, r['threads_used'])):>5s} "
+              f"{r['steps_per_s']:8.2f} {r['slowdown']:8.1f}x {r['vs_reference']:18.2f}x")
+    result = {"benchmark": "threads", "steps": steps, "repeats": repeats, "spincount": SPINCOUNT, "rows": rows}
     write_result(out, "threads", result)
     return result

@@ -1,6 +1,7 @@
-"""Command-line options generated from config dataclasses: ``--<prefix>.<field>`` for every field, its type from
-the annotation, its help from the field's comment, its default shown from the dataclass (the one source of it);
-values are checked by the config itself when it is built (litgpt's way of exposing configs).
+"""Command-line options generated from config dataclasses: ``--<prefix>.<field>`` for every field, its value read by
+the field's converter (``keepsight.inference.arguments.field_converter``, the one lmms-eval's model arguments use),
+its help from the field's comment, its default shown from the dataclass (the one source of it); values are checked by
+the config itself when it is built (litgpt's way of exposing configs).
 
     add_config_options(parser, "pvm", PVMConfig, skip={"layers"})   # --pvm.normalize_v rms, --pvm.key_proj, ...
     settings = given_settings(args, "pvm", PVMConfig)                 # only what the user gave: {"normalize_v": "rms"}
@@ -9,13 +10,14 @@ values are checked by the config itself when it is built (litgpt's way of exposi
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
 import inspect
 import re
 import types
 import typing
 
-from ..inference.arguments import json_object
+from ..inference.arguments import field_converter
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
 _CONTINUATION = re.compile(r"^\s+#\s{2,}(.*)$")  # "#" and two or more spaces: the comment above goes on
@@ -62,46 +64,42 @@ def _default(f: dataclasses.Field):
     return None
 
 
-def _scalar(kind):
-    """An argparse ``type`` for one value of ``kind`` (int, float, str), with a message naming what it expects."""
-    def convert(text: str):
+def _parsed(convert, name: str):
+    """An argparse ``type`` from a field's converter (``keepsight.inference.arguments.field_converter``): its
+    ValueError becomes argparse's error, which names the option itself ("argument --vcd.alpha: must be ...")."""
+    def parse(text: str):
         try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-    convert.__name__ = kind.__name__
-    return convert
+            return convert(name, text)
+        except ValueError as e:
+            message = str(e)
+            raise argparse.ArgumentTypeError(message.removeprefix(name).lstrip(": ")) from None
+    parse.__name__ = name
+    return parse
 
 
-def _json_object(text: str) -> dict:
-    try:
-        return json_object("", text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _option_kwargs(hint) -> dict:
-    """argparse keywords for a field annotated ``hint``; ``post`` turns the parsed value into the field's."""
+def _option_kwargs(hint, name: str) -> dict:
+    """argparse keywords for the field ``name`` annotated ``hint``, values converted by the field's converter (the
+    same as lmms-eval's model arguments); ``post`` turns a list of words (``nargs``) into the field's value."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if len(args) == 1:
-            return _option_kwargs(args[0])
-        if str in args and any(typing.get_origin(a) in (list, tuple) for a in args):  # "strided" or [8, 16, 24]
-            return {"nargs": "+", "metavar": "VALUE",
-                    "post": lambda v: [int(x) for x in v] if all(re.fullmatch(r"-?\d+", x) for x in v) else
-                    (v[0] if len(v) == 1 else v)}
-        return {"type": str}
-    if origin in (list, tuple, set, frozenset):
-        elem = args[0] if args else str
-        return {"nargs": "+", "type": _scalar(elem if elem in (int, float) else str), "post": origin}
-    if hint is bool:
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    if hint is bool or (union and args == [bool]):
         return {"action": argparse.BooleanOptionalAction}
-    if hint in (int, float, str):
-        return {"type": _scalar(hint)}
-    if hint is dict or origin is dict:
-        return {"type": _json_object, "metavar": "JSON"}
-    return {"type": str}
+    if union and len(args) == 1:  # X | None: a value is given, None is the default of an option not given
+        hint = args[0]
+        args, union = [a for a in typing.get_args(hint) if a is not type(None)], False
+    convert = field_converter(hint)
+    origins = {typing.get_origin(a) for a in ([hint] if not union else args)}
+    if origins & {list, tuple, set, frozenset, collections.abc.Iterable}:  # several words: "strided" or 8 16 24
+        word = union and str in args  # a single word stays the word
+        kwargs = {"nargs": "+", "post": lambda v: convert(name, v[0] if word and len(v) == 1 else v)}
+        if union:
+            kwargs["metavar"] = "VALUE"  # a word or numbers
+        else:  # list[int], tuple[float, ...]: each word checked by argparse as it parses
+            kwargs["type"] = _parsed(field_converter(args[0] if args else str), name)
+        return kwargs
+    if hint is dict or typing.get_origin(hint) is dict:
+        return {"type": _parsed(convert, name), "metavar": "JSON"}
+    return {"type": _parsed(convert, name)}
 
 
 def _dest(prefix: str, name: str) -> str:
@@ -117,7 +115,7 @@ def add_config_options(parser, prefix: str, cls, *, skip=(), title: str | None =
     for f in dataclasses.fields(cls):
         if not f.init or f.name in skip:
             continue
-        kwargs = _option_kwargs(hints[f.name])
+        kwargs = _option_kwargs(hints[f.name], f"--{prefix}.{f.name}")
         kwargs.pop("post", None)
         if kwargs.get("action") is None:
             kwargs.setdefault("metavar", f.name.upper())
@@ -138,7 +136,7 @@ def given_settings(args, prefix: str, cls, *, skip=()) -> dict:
         value = getattr(args, _dest(prefix, f.name), None)
         if value is None:
             continue
-        post = _option_kwargs(hints[f.name]).get("post")
+        post = _option_kwargs(hints[f.name], f"--{prefix}.{f.name}").get("post")
         out[f.name] = post(value) if post is not None else value
     return out
 

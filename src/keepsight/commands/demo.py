@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..demo import PROFILE_HELP, PROFILES, reproduce, run_demo
+from ..demo import reproduce, run_demo
 from ..determinism import DEFAULT_THREADS
+from ..profiles import PROFILE_HELP, PROFILES
 from .options import run_name, threads
 
 

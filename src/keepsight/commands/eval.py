@@ -42,7 +42,7 @@ from ..atomic import (
     write_text,
 )
 from ..data import Sample, open_dataset, open_image, preflight
-from ..inference import Pipeline
+from ..inference import Pipeline, method_names
 from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
@@ -62,8 +62,8 @@ from .method_options import (
     add_method_options,
     add_sampler_options,
     baseline_choice,
+    diffusion_methods,
     sampler_settings,
-    switched_settings,
 )
 from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
 
@@ -98,10 +98,6 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
-    g.add_argument("--mps", nargs="?", const="{}", metavar="JSON", help="diffusion: Mask Prior Suppression "
-                   "(the released defaults, or the --mps.FIELD options below, or their JSON object)")
-    g.add_argument("--mrs", nargs="?", const="{}", metavar="JSON", help="diffusion: Monotonic RoPE Scaling "
-                   "(the released defaults, or the --mrs.FIELD options below, or their JSON object)")
     g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token)")
     g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
     g.add_argument("--max-new-tokens", type=positive_int, default=64)
@@ -116,13 +112,14 @@ def method_args(g, required_model: bool = True) -> None:
 
 def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
-    mps, mrs, sampler = switched_settings(args, "mps"), switched_settings(args, "mrs"), sampler_settings(args)
-    if (mps is not None or mrs is not None or sampler or args.steps or args.block_length) and not args.diffusion:
-        raise ValueError("--mps, --mrs (and their options), --sampler.*, --steps and --block-length are for "
+    decoding, sampler = diffusion_methods(args), sampler_settings(args)
+    if (decoding or sampler or args.steps or args.block_length) and not args.diffusion:
+        switches = ", ".join(f"--{n}" for n in method_names("decode", "diffusion"))
+        raise ValueError(f"{switches} (and their options), --sampler.*, --steps and --block-length are for "
                          "--diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)
-    return Pipeline(args.model, method=method, pvm=args.pvm, mps=mps, mrs=mrs, dtype=args.dtype,
+    return Pipeline(args.model, method=method, pvm=args.pvm, decoding=decoding, dtype=args.dtype,
                     device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
                     block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
                     baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)

@@ -1,5 +1,5 @@
 """The decoding-method options shared by ``eval generate``, ``eval pope`` and ``world eval``, generated from the
-method registry (``keepsight.inference.registry``): ``--baseline NAME`` and, for every decoding method, one
+method registry (``keepsight.methods``): ``--baseline NAME`` and, for every decoding method, one
 ``--<method>.<field>`` per field of its config dataclass (``--vcd.alpha 1.0``, ``--mps.k 5``, ``--mrs.beta 0.02``).
 
 A method's settings come from its dotted options and, as before, from one JSON object (``--baseline-args`` /
@@ -16,23 +16,34 @@ from ..inference import get_method, method_names
 from .config_options import add_config_options, given_settings, option_names
 from .options import json_settings
 
-# the diffusion methods that have their own on / off switch (--mps, --mrs) rather than --baseline
-SWITCHED = ("mps", "mrs")
+
+def title(entry) -> str:
+    """A method's name in words: its config's docstring up to the first " (" or "." ("Mask Prior Suppression")."""
+    doc = (entry.config.__doc__ or "").strip()
+    if not doc or doc.startswith(f"{entry.config.__name__}("):  # no docstring: the dataclass's generated signature
+        return entry.name
+    return doc.split(" (")[0].split(".")[0].strip()
 
 
 def add_method_options(parser, families: tuple[str, ...]) -> None:
-    """``--baseline`` / ``--baseline-args`` (autoregressive), and every decoding method's ``--<method>.FIELD``
-    options of ``families``, one help group per method."""
+    """``--baseline`` / ``--baseline-args`` (autoregressive, one baseline at a time), a ``--<method> [JSON]`` switch
+    for each diffusion method (they stack), and every decoding method's ``--<method>.FIELD`` options of ``families``,
+    one help group per method."""
     if "autoregressive" in families:
         parser.add_argument("--baseline", choices=method_names("decode", "autoregressive"),
                             help="a training-free decoding baseline (keepsight.baselines) on top of the model; "
                             "its settings are the --<baseline>.FIELD options below")
         parser.add_argument("--baseline-args", metavar="JSON", help="the baseline's settings as one JSON object, "
                             'e.g. \'{"alpha": 1.0}\' (the same as --<baseline>.alpha 1.0)')
+    if "diffusion" in families:
+        for name in method_names("decode", "diffusion"):
+            parser.add_argument(f"--{name}", nargs="?", const="{}", metavar="JSON", help=f"diffusion: "
+                                f"{title(get_method(name))} (the released defaults, or the --{name}.FIELD options "
+                                "below, or their JSON object)")
     for family in families:
         for name in method_names("decode", family):
             entry = get_method(name)
-            turns_on = f"--{name}" if name in SWITCHED else f"--baseline {name}"
+            turns_on = f"--{name}" if family == "diffusion" else f"--baseline {name}"
             add_config_options(parser, name, entry.config, title=f"{name} settings (--{name}.FIELD)",
                                note=f"{entry.config.__name__}; any of these turns on {turns_on}")
 
@@ -92,9 +103,14 @@ def baseline_choice(args) -> tuple[str | None, dict | None]:
 
 
 def switched_settings(args, name: str) -> dict | None:
-    """``--mps`` / ``--mrs``: None when neither the switch nor a ``--<name>.FIELD`` option is given, else the
-    settings (``{}``: the released defaults)."""
+    """A diffusion method's switch (``--mps``, ``--mrs``, ...): None when neither the switch nor a
+    ``--<name>.FIELD`` option is given, else the settings (``{}``: the released defaults)."""
     text, dotted = getattr(args, name), _dotted(args, name)
     if text is None and not dotted:
         return None
     return _merged(name, f"--{name}", text, dotted)
+
+
+def diffusion_methods(args) -> dict:
+    """``{name: settings}`` of every diffusion method switched on (``switched_settings``), in registry order."""
+    return {n: s for n in method_names("decode", "diffusion") if (s := switched_settings(args, n)) is not None}

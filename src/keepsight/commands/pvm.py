@@ -10,7 +10,7 @@ from ..models import load_checkpoint
 from ..pvm import PVMConfig, load_pvm, save_pvm
 from ..pvm.io import ADAPTER_KIND
 from ..pvm.layout import CHECKPOINT_KIND, save_released
-from ..train.pvm_grpo import GRPOData, GRPOTrainConfig, train_pvm_grpo
+from ..train.pvm_grpo import TRAINABLE, GRPOData, GRPOTrainConfig, train_pvm_grpo
 from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..train.rewards import load_reward
 from ..world.grpo import GRPO_TASKS, world_grpo_data
@@ -56,20 +56,26 @@ def add_parser(sub) -> None:
                     "most width / 4 on narrower models; branch: width / 4)")
     pt.add_argument("--heads", type=positive_int, help="sft, --variant branch: retrieval heads (default 1)")
     pt.add_argument("--gate", choices=["scalar", "channel"], help="sft, --variant branch (default scalar)")
-    pt.add_argument("--recipe", default="ours", choices=["ours", "released"], help="the training settings: ours "
-                    "(sft lr 1e-3, gate 1e-2, batch 16; grpo lr 2e-4, PVM only, KL 0.04) or the authors' (sft lr 1e-4 "
-                    "cosine, warm-up 0.1, batch 64; grpo lr 1e-6 constant, 8 completions, language model + PVM, no KL); "
-                    "the options below override either")
-    pt.add_argument("--steps", type=positive_int, help="default: 600 (sft), 100 (grpo)")
+    sft, grpo, sft_r, grpo_r = PVMTrainConfig(), GRPOTrainConfig(), PVMTrainConfig.released(), GRPOTrainConfig.released()
+    pt.add_argument("--recipe", default="ours", choices=["ours", "released"], help=f"the training settings: ours (sft "
+                    f"lr {sft.lr:g}, gate {sft.gate_lr:g}, batch {sft.batch_size}; grpo lr {grpo.lr:g}, "
+                    f"{grpo.trainable} trainable, KL {grpo.beta:g}) or the authors' (sft lr {sft_r.lr:g} "
+                    f"{sft_r.schedule}, warm-up {sft_r.warmup_ratio:g}, batch {sft_r.batch_size}; grpo lr {grpo_r.lr:g} "
+                    f"{grpo_r.schedule}, {grpo_r.num_generations} completions, {grpo_r.trainable} trainable, KL "
+                    f"{grpo_r.beta:g}); the options below override either")
+    pt.add_argument("--steps", type=positive_int, help=f"default: {sft.steps} (sft), {grpo.steps} (grpo)")
     pt.add_argument("--lr", type=positive_float, help="projections (grpo llm+pvm: the language model too)")
     pt.add_argument("--gate-lr", type=positive_float, help="the gate")
-    pt.add_argument("--batch-size", type=positive_int, help="sft (default: 16 ours, 64 released)")
-    pt.add_argument("--trainable", choices=["pvm", "llm+pvm"], help="grpo: PVM only (an adapter comes out) or the "
-                    "language model too (a whole checkpoint in the released layout); default: the recipe's")
-    pt.add_argument("--beta", type=nonneg_float, help="grpo: KL coefficient (0 = no reference model; default 0.04 "
-                    "ours, 0 released)")
-    pt.add_argument("--num-generations", type=positive_int, help="grpo: completions per prompt (4 ours, 8 released)")
-    pt.add_argument("--prompts-per-step", type=positive_int, help="grpo (4 ours, 8 released)")
+    pt.add_argument("--batch-size", type=positive_int, help=f"sft (default: {sft.batch_size} ours, {sft_r.batch_size} "
+                    "released)")
+    pt.add_argument("--trainable", choices=TRAINABLE, help="grpo: PVM only (an adapter comes out) or the language "
+                    "model too (a whole checkpoint in the released layout); default: the recipe's")
+    pt.add_argument("--beta", type=nonneg_float, help=f"grpo: KL coefficient (0 = no reference model; default "
+                    f"{grpo.beta:g} ours, {grpo_r.beta:g} released)")
+    pt.add_argument("--num-generations", type=positive_int, help=f"grpo: completions per prompt ({grpo.num_generations} "
+                    f"ours, {grpo_r.num_generations} released)")
+    pt.add_argument("--prompts-per-step", type=positive_int, help=f"grpo ({grpo.prompts_per_step} ours, "
+                    f"{grpo_r.prompts_per_step} released)")
     pt.add_argument("--max-completion-length", type=positive_int, help="grpo (default: the world's description budget)")
     pt.add_argument("--tasks", nargs="+", choices=GRPO_TASKS, help=f"grpo on a world: its prompts (default: "
                     f"{' '.join(WORLD_TASKS)})")

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..methods import register_method
 from ..models.arch import check_layers, decoder_stack
 from .config import PRIORS, MPSConfig  # noqa: F401  (PRIORS: the prior-direction names, re-exported)
 from .sampler import resolve_mask_token_id
@@ -321,3 +322,7 @@ def lone_mask_top_tokens(model, tokenizer, k: int = 10) -> list[tuple[str, float
     probs = lone_mask_logits(model, resolve_mask_token_id(model, tokenizer)).softmax(-1)
     top = probs.topk(k)
     return [(tokenizer.convert_ids_to_tokens(int(i)), float(v)) for v, i in zip(top.values, top.indices)]
+
+
+register_method("mps", MPSConfig, MaskPriorSuppression, family="diffusion", needs="the model's mask token",
+                prepare=lambda obj, model, tokenizer: obj.fit(model, tokenizer))

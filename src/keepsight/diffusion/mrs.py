@@ -38,6 +38,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..checks import number
+from ..methods import register_method
 from ..models.arch import decoder_stack
 from ..models.arch import image_token_id as config_image_token_id
 from ..ops.rope import angle_scaled_inv_freq, angle_scales, rope_gains, scale_rotary, scaled_inv_freq
@@ -280,3 +281,7 @@ class FlashPathSpans:
             for h in handles:
                 h.remove()
             model.__dict__.pop("_keepsight_reads_columns", None)
+
+
+register_method("mrs", MRSConfig, MonotonicRoPEScaling, family="diffusion", needs="a RoPE text model",
+                enter=lambda obj, model, prompt_len: obj.apply(model, gen_start=prompt_len))

@@ -2,7 +2,7 @@
 
 ``Pipeline`` is what ``keepsight eval`` and the lmms-eval model decode with; ``Decoders`` applies decoding methods
 by name around any decoding loop (the Pipeline's, the world experiments' and the benchmarks'); ``METHODS`` /
-``register_method`` is the registry every method is listed in once (see ``registry``).
+``register_method`` is the registry every method is listed in once (``keepsight.methods``).
 """
 
 from .decoders import Decoders

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -113,17 +114,42 @@ def _or_none(convert):
     return optional
 
 
-def _converter(hint):
+def _sequence(origin, element):
+    """A converter for ``list[X]`` / ``tuple[X, ...]`` fields: a list, or a string ``as_list`` reads, each element
+    converted; the field's own container type back."""
+    convert = _SCALARS.get(element, as_str)
+
+    def sequence(name: str, value: Any):
+        return origin(convert(name, v) for v in as_list(name, value))
+    return sequence
+
+
+def _mapping(name: str, value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    return json_object(name, as_str(name, value))
+
+
+def field_converter(hint):
+    """``convert(name, value)`` for a config field annotated ``hint``: the one converter from a field to a value,
+    for lmms-eval's ``--model_args`` (strings or typed values) and the command line's ``--<prefix>.<field>``
+    options alike. ``X | None`` takes "none" / "null" as None; ``str | list[...]`` a word or a list."""
     if hint in _SCALARS:
         return _SCALARS[hint]
+    if hint is dict or typing.get_origin(hint) is dict:
+        return _mapping
+    origin = typing.get_origin(hint)
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if len(args) == 1 and args[0] in _SCALARS and type(None) in typing.get_args(hint):
-        return _or_none(_SCALARS[args[0]])
-    if str in args:  # str | list[int] or str | Iterable[str]
-        inner = [typing.get_args(a)[0] for a in args if a is not str and typing.get_args(a)]
-        if inner and inner[0] is int:
-            return _word_or(int_list)
-        return _word_or(lambda n, v: [as_str(n, x) for x in as_list(n, v)])
+    if origin in (list, tuple, set, frozenset):
+        return _sequence(origin, args[0] if args else str)
+    if origin in (typing.Union, types.UnionType):
+        if len(args) == 1:
+            return _or_none(field_converter(args[0]))
+        if str in args:  # str | list[int] or str | Iterable[str]
+            inner = [typing.get_args(a)[0] for a in args if a is not str and typing.get_args(a)]
+            if inner and inner[0] is int:
+                return _word_or(int_list)
+            return _word_or(lambda n, v: [as_str(n, x) for x in as_list(n, v)])
     raise TypeError(f"no argument converter for {hint!r}")
 
 
@@ -131,7 +157,7 @@ def config_keys(cls, only=None) -> dict:
     """``{field: converter(name, value)}`` for every init field of the config dataclass ``cls`` (those in ``only``
     when given), from its annotation (the config checks the values themselves when it is built)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls)
+    return {f.name: field_converter(hints[f.name]) for f in dataclasses.fields(cls)
             if f.init and (only is None or f.name in only)}
 
 
@@ -201,12 +227,13 @@ def baseline_settings(as_json, flat: dict) -> dict:
     return settings
 
 
-DECODING_KEYS = ("until", "do_sample", "max_new_tokens", "temperature", "num_beams", "top_p", "top_k")
+DECODING_KEYS = ("until", "do_sample", "max_new_tokens", "min_new_tokens", "temperature", "num_beams", "top_p", "top_k")
 
 
 def decoding_settings(gen_kwargs, max_new_tokens: int) -> dict:
     """Decoding settings from lmms-eval-style ``gen_kwargs``: ``until`` (a list), ``do_sample``, ``max_new_tokens``
-    (``max_new_tokens`` when not given), ``temperature``, ``num_beams`` and, when given, ``top_p`` / ``top_k``.
+    (``max_new_tokens`` when not given), ``temperature``, ``num_beams`` and, when given, ``top_p`` / ``top_k`` and
+    ``min_new_tokens`` (no end of sequence before that many tokens: what a benchmark asks to time a fixed length).
     Greedy unless ``temperature > 0`` or ``do_sample``."""
     gk = dict(gen_kwargs or {})
     until = gk.get("until")
@@ -230,4 +257,8 @@ def decoding_settings(gen_kwargs, max_new_tokens: int) -> dict:
         s["top_p"] = as_float("top_p", gk["top_p"], 0.0)
     if gk.get("top_k") is not None:
         s["top_k"] = as_int("top_k", gk["top_k"], 0)
+    if gk.get("min_new_tokens") is not None:
+        s["min_new_tokens"] = as_int("min_new_tokens", gk["min_new_tokens"], 0)
+        if s["min_new_tokens"] > s["max_new_tokens"]:
+            raise ValueError(f"min_new_tokens {s['min_new_tokens']} is more than max_new_tokens {s['max_new_tokens']}")
     return s

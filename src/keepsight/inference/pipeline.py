@@ -1,6 +1,7 @@
-"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model and the
-world's scoring (``Pipeline.from_model`` around a model in memory); the benchmarks and the diffusion experiment,
-which time or step their own loops, apply the same ``Decoders``.
+"""Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model, the
+world's scoring and the ``baselines`` / ``probe-overhead`` benchmarks (``Pipeline.from_model`` around a model in
+memory); the diffusion experiment applies the same ``Decoders`` around its own sampler loop, and ``bench pvm-decode``
+/ ``bench diffusion`` time single decode steps and sampler forwards of their own.
 
     from keepsight.inference import Pipeline
     pipe = Pipeline("runs/full/base", baseline="vcd")             # any supported checkpoint directory
@@ -8,7 +9,8 @@ which time or step their own loops, apply the same ``Decoders``.
     out.texts, out.stats                                           # the answers; how often VCD acted
 
 ``method`` names how the model is set up (a ``"load"`` entry of ``keepsight.inference.METHODS``: ``none``,
-``pvm`` with ``pvm=<adapter dir>``, ``bridge``, ``diffusion``); ``baseline`` (autoregressive) or ``mps`` /
+``pvm`` with ``pvm=<adapter dir>``, ``bridge``, ``diffusion``; the entry checks the checkpoint, attaches itself and
+names the settings only it takes); ``baseline`` (autoregressive) or ``mps`` /
 ``mrs`` (diffusion) name the decoding methods applied around each batch, with their settings as dicts of
 their config's fields. Greedy decoding unless ``do_sample`` / ``temperature > 0``.
 """
@@ -28,10 +30,9 @@ from ..diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
 from ..diffusion.sampler import user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..models.arch import check_finite, check_length, kind_of
-from ..pvm import load_pvm
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
-from .registry import get_method, method_names
+from .registry import METHODS, get_method, method_names
 
 
 @dataclass
@@ -53,7 +54,9 @@ def _user_turn(context: str, n_images: int, system_prompt: str | None) -> list[d
 class Pipeline:
     """A loaded checkpoint, its method and its decoding methods. See the module docstring.
 
-    ``mps`` / ``mrs``: None (off) or their settings (``{}`` for the defaults). ``steps``, ``gen_length``,
+    ``mps`` / ``mrs``: None (off) or their settings (``{}`` for the defaults); ``decoding``: ``{registry name:
+    settings}`` of any diffusion decoding method (``mps`` and ``mrs`` among them), applied after ``mps`` / ``mrs`` in
+    its order. ``steps``, ``gen_length``,
     ``block_length``, ``cfg_scale``, ``remasking`` and ``seed`` are the diffusion sampler's, and ``sampler`` its
     further settings (``keepsight.diffusion.sampler.USER_SETTINGS``: ``cache``, ``threshold``, ``threshold_rule``,
     ``refresh_every``, ``schedule``, ``shift``, ``ban_mask``; ``ban_mask`` defaults to the model's released sampler:
@@ -64,10 +67,10 @@ class Pipeline:
                  mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = 128,
                  steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
-                 system_prompt: str | None = None, sampler: dict | None = None):
+                 system_prompt: str | None = None, sampler: dict | None = None, decoding: dict | None = None):
         # every setting is checked before the (minutes long) load
         self._settings(method=method, pvm=pvm, baseline=baseline, baseline_args=baseline_args, mps=mps, mrs=mrs,
-                       max_new_tokens=max_new_tokens, steps=steps, gen_length=gen_length, block_length=block_length,
+                       decoding=decoding, max_new_tokens=max_new_tokens, steps=steps, gen_length=gen_length, block_length=block_length,
                        cfg_scale=cfg_scale, remasking=remasking, seed=seed, system_prompt=system_prompt,
                        sampler=sampler)
         self.path = Path(pretrained).expanduser()
@@ -82,12 +85,15 @@ class Pipeline:
         self._decoders.prepare(self._model, self.tokenizer)
 
     @classmethod
-    def from_model(cls, model, processor, max_new_tokens: int = 128, system_prompt: str | None = None) -> Pipeline:
+    def from_model(cls, model, processor, max_new_tokens: int = 128, system_prompt: str | None = None,
+                   baseline: str | None = None, baseline_args: dict | None = None) -> Pipeline:
         """A pipeline around an autoregressive ``model`` already in memory, used as it is: a world experiment's arm
-        (the base with its method attached, or with a decoding method applied around the calls). Greedy unless asked
-        otherwise; no method or decoding method of its own."""
+        (the base with its method attached, or with a decoding method applied around the calls), a benchmark's model.
+        Greedy unless asked otherwise; ``baseline`` / ``baseline_args`` as ``__init__``'s (applied around each batch,
+        so pipelines with and without one can share the model)."""
         self = cls.__new__(cls)
-        self._settings(method="none", pvm=None, baseline=None, baseline_args=None, mps=None, mrs=None,
+        self._settings(method="none", pvm=None, baseline=baseline, baseline_args=baseline_args, mps=None, mrs=None,
+                       decoding=None,
                        max_new_tokens=max_new_tokens, steps=None, gen_length=None, block_length=None, cfg_scale=0.0,
                        remasking="low_confidence", seed=0, system_prompt=system_prompt, sampler=None)
         self.path = None
@@ -102,32 +108,46 @@ class Pipeline:
 
     # ------------------------------------------------------------------ setup
 
-    def _settings(self, *, method, pvm, baseline, baseline_args, mps, mrs, max_new_tokens, steps, gen_length,
+    def _settings(self, *, method, pvm, baseline, baseline_args, mps, mrs, decoding, max_new_tokens, steps, gen_length,
                   block_length, cfg_scale, remasking, seed, system_prompt, sampler) -> None:
         """``__init__``'s settings, checked, on ``self``."""
-        self.method = get_method(method, stage="load").name
+        self._entry = get_method(method, stage="load")  # how the model is set up: its checks and its attach
+        self.method = self._entry.name
         # the decoding methods, applied in this order around each batch, prepared on the model once it is loaded
         self._decoders = Decoders()
-        if self.method == "diffusion":  # elsewhere _check_method_arguments refuses mps / mrs
-            for name, settings in (("mps", mps), ("mrs", mrs)):
-                if settings is not None:
-                    self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
+        requested = self._diffusion_methods(mps, mrs, decoding)
+        if self._entry.family == "diffusion":  # elsewhere _check_method_arguments refuses them
+            for name, settings in requested.items():
+                self._decoders.add(get_method(name, stage="decode", family="diffusion"), settings)
         self._baseline = self._requested_baseline(baseline, baseline_args)
         self.sampler = user_settings(sampler)
         self.pvm_dir = None if pvm in (None, "") else Path(pvm).expanduser()
-        self.mps, self.mrs = mps, mrs
+        self.mps, self.mrs = requested.get("mps"), requested.get("mrs")
+        self.decoding = requested
         self.max_new_tokens = max_new_tokens
         self.steps, self.gen_length, self.block_length = steps, gen_length, block_length
         self.cfg_scale, self.remasking, self.seed = cfg_scale, remasking, seed
         self.system_prompt = system_prompt or None
         self._check_method_arguments(steps, gen_length, block_length)
 
+    @staticmethod
+    def _diffusion_methods(mps, mrs, decoding) -> dict:
+        """``{name: settings}`` of the diffusion decoding methods asked for, ``mps`` / ``mrs`` first."""
+        if decoding is not None and not isinstance(decoding, dict):
+            raise TypeError(f"decoding must be a dict {{method name: settings}}, got {type(decoding).__name__}")
+        requested = {name: s for name, s in (("mps", mps), ("mrs", mrs)) if s is not None}
+        for name, settings in (decoding or {}).items():
+            if name in requested:
+                raise ValueError(f"{name} given both as {name}= and in decoding=; give it once")
+            requested[name] = settings if settings is not None else {}
+        return requested
+
     def _requested_baseline(self, baseline, baseline_args):
         """The baseline's method object (added to the decoding methods), built (its settings checked) before the
         model loads, or None; a ValueError where it does not fit ``method``."""
         if baseline not in (None, "", "none"):
-            if self.method == "diffusion":
-                raise ValueError(f"baseline={baseline} decodes autoregressive models; method is diffusion")
+            if self._entry.family != "autoregressive":
+                raise ValueError(f"baseline={baseline} decodes autoregressive models; method is {self.method}")
             return self._decoders.add(get_method(baseline, stage="decode", family="autoregressive"), baseline_args)
         if baseline_args:
             raise ValueError(f"baseline settings given without a baseline "
@@ -135,42 +155,40 @@ class Pipeline:
         return None
 
     def _check_method_arguments(self, steps, gen_length, block_length) -> None:
-        if self.pvm_dir is not None and self.method != "pvm":
-            raise ValueError(f"pvm={self.pvm_dir} is given but method={self.method}; pass method=pvm to apply the "
-                             "PVM adapter")
-        if self.method == "pvm" and self.pvm_dir is None:
-            raise ValueError("method=pvm needs pvm=<adapter directory> (pvm_config.json + pvm.safetensors)")
-        if self.method != "diffusion":
-            given = [n for n, v in (("mps", self.mps), ("mrs", self.mrs), ("steps", steps),
-                                    ("gen_length", gen_length), ("block_length", block_length)) if v is not None]
-            if self.cfg_scale != 0.0:
-                given.append("cfg_scale")
-            if self.remasking != "low_confidence":
-                given.append("remasking")
-            given += [f"sampler.{k}" for k in self.sampler]
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to method=diffusion (method is {self.method})")
+        """Each setting given belongs to ``method`` (the registry entries' ``takes``), and those it requires are
+        given."""
+        given = [n for n, v in (("pvm", self.pvm_dir), ("steps", steps), ("gen_length", gen_length),
+                                ("block_length", block_length)) if v is not None]
+        given += [name if name in ("mps", "mrs") else f"decoding.{name}" for name in self.decoding]
+        if self.cfg_scale != 0.0:
+            given.append("cfg_scale")
+        if self.remasking != "low_confidence":
+            given.append("remasking")
+        given += [f"sampler.{k}" for k in self.sampler]
+        foreign: dict[str, list[str]] = {}
+        for name in given:
+            if name.split(".")[0] not in self._entry.takes:
+                owner = next(m.name for m in METHODS.values() if m.stage == "load" and name.split(".")[0] in m.takes)
+                foreign.setdefault(owner, []).append(name)
+        if foreign:
+            owner, names = next(iter(foreign.items()))
+            raise ValueError(f"{', '.join(names)} only apply to method={owner} (method is {self.method}): pass "
+                             f"method={owner} to use them")
+        for name in self._entry.requires:
+            if name not in given:
+                raise ValueError(f"method={self.method} needs {name}=<{self._entry.needs}>")
 
     def _check_kind(self) -> None:
-        """What ``method`` needs of the checkpoint, read from the architecture table."""
+        """What ``method`` needs of the checkpoint: its family (the architecture table's row), then the method's own
+        check."""
         kind, where = self.kind, self.path
         spec = ARCHITECTURES[kind]
-        if self.method == "diffusion":
-            if spec.family != "diffusion":
-                raise ValueError(f"method=diffusion needs a masked-diffusion VLM (LLaVA with a llada text model); "
-                                 f"{where} has model_type {kind!r}")
-            if not spec.loadable:
-                raise ValueError(f"{where}: {spec.note}")
-            if not spec.vlm:
-                raise ValueError(f"{where} is a text-only LLaDA language model; lmms-eval tasks need a VLM "
-                                 "(LLaVA with a llada text model)")
-            return
-        if spec.family == "diffusion":
-            raise ValueError(f"{where} is a masked-diffusion checkpoint ({kind}); evaluate it with method=diffusion")
-        if self.method == "bridge" and kind != "keepsight_llava":
-            raise ValueError(f"method=bridge expects a bridge-converted checkpoint (model_type keepsight_llava, from "
-                             f"`keepsight bridge train` or replace_projector + save_pretrained); {where} has "
-                             f"model_type {kind!r}")
+        if spec.family != self._entry.family:
+            raise ValueError(f"method={self.method} runs on {self._entry.family} checkpoints ({self._entry.needs}); "
+                             f"{where} has model_type {kind!r} ({spec.family}): evaluate it with method="
+                             f"{'|'.join(method_names('load', spec.family))}")
+        if self._entry.check is not None:
+            self._entry.check(spec, kind, where)
 
     def _load(self):
         """Through ``keepsight.models.load_checkpoint`` (the loader of every ``--model`` command)."""
@@ -178,11 +196,10 @@ class Pipeline:
         if not getattr(processor, "chat_template", None) and not getattr(processor.tokenizer, "chat_template", None):
             raise ValueError(f"the processor in {self.path} has no chat template; keepsight formats every request "
                              "with it")
-        if self.method == "diffusion":
-            return model, processor
-        arch_info(model)  # the layout keepsight's methods rely on
-        if self.method == "pvm":
-            load_pvm(model, self.pvm_dir)
+        if self._entry.family == "autoregressive":
+            arch_info(model)  # the layout keepsight's methods rely on
+        if self._entry.attach is not None:
+            self._entry.attach(model, self)
         return model, processor
 
     # ------------------------------------------------------------------ properties
@@ -305,10 +322,15 @@ class Pipeline:
     def answer(self, enc, gen_kwargs) -> list[str]:
         """Answers to a left-padded batch ``enc`` (``encode``'s) by this model's method, decoded and cut."""
         s = self.settings(gen_kwargs)
-        if self.method == "diffusion":
+        if self._entry.family == "diffusion":
+            if s.get("min_new_tokens"):
+                raise ValueError("min_new_tokens applies to autoregressive decoding; a diffusion model fills "
+                                 "gen_length (set gen_length instead)")
             new = self._diffuse(enc, s)
         else:
             kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
+            if "min_new_tokens" in s:
+                kw["min_new_tokens"] = s["min_new_tokens"]
             if s["do_sample"]:
                 kw["temperature"] = s["temperature"]
                 kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
@@ -362,7 +384,7 @@ class Pipeline:
         if self._baseline is not None:
             raise ValueError(f"baseline={self._baseline.name} changes generation only; loglikelihood tasks score the "
                              "model itself")
-        if self.method == "diffusion":
+        if self._entry.family == "diffusion":
             raise NotImplementedError("loglikelihood is not defined for a masked-diffusion model (method=diffusion) "
                                       "here: it has no left-to-right token probabilities; evaluate it on "
                                       "generate_until tasks")

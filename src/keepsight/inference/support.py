@@ -10,7 +10,7 @@ registered decoding method declares no settings for the tests, so no test runs i
 from __future__ import annotations
 
 from ..models.arch import ARCHITECTURES
-from .registry import METHODS
+from .registry import FAMILIES, METHODS, MODEL_SIDE
 
 # what runs on a model beside the registry's methods: the diagnostics and the LoRA control arm (a training recipe)
 EXTRA = {"attention": "autoregressive", "logit_lens": "autoregressive", "lora": "autoregressive"}
@@ -19,8 +19,12 @@ TITLES = {"attention": "attention mass / TVR", "logit_lens": "LogitLens", "lora"
 
 
 def columns() -> list[tuple[str, str]]:
-    """``(name, family)`` of every matrix column: diagnostics first, then the methods in registry order."""
-    methods = [(m.name, m.family) for m in METHODS.values() if m.name != "none"]
+    """``(name, family)`` of every matrix column: diagnostics first, then the model-side methods, then the decoding
+    methods by family and name (the same order whatever order their packages registered in)."""
+    load = [(n, METHODS[n].family) for n in MODEL_SIDE if n != "none" and n in METHODS]
+    decode = sorted(((m.name, m.family) for m in METHODS.values() if m.stage == "decode"),
+                    key=lambda nf: (FAMILIES.index(nf[1]), nf[0]))
+    methods = load + decode
     return [(n, f) for n, f in EXTRA.items() if n != "lora"] + [("lora", "autoregressive")] + methods
 
 

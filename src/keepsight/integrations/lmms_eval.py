@@ -67,9 +67,9 @@ import sys
 from PIL import Image
 from tqdm import tqdm
 
-from ..diffusion import MPSConfig, MRSConfig, SamplerConfig
+from ..diffusion import SamplerConfig
 from ..diffusion.sampler import USER_SETTINGS
-from ..inference import Pipeline, method_names
+from ..inference import Pipeline, get_method, method_names
 from ..inference.arguments import (
     as_choice,
     as_float,
@@ -84,12 +84,8 @@ from ..train.distributed import process_rank
 MODEL_NAME = "keepsight"
 CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = tuple(method_names("load"))  # how the model is set up (keepsight.inference.METHODS)
-MPS_KEYS = config_keys(MPSConfig)  # every MPSConfig field, as mps_<field>=... or in mps={...}
-MRS_KEYS = config_keys(MRSConfig)
 # the sampler's fast decoding, as sampler_<field>=... (sampler_cache=prompt, sampler_threshold=0.9)
 SAMPLER_KEYS = config_keys(SamplerConfig, only=USER_SETTINGS)
-MPS_DEFAULTS = MPSConfig.paper_defaults()  # {"k": 3, "lam": 0.1}
-MRS_DEFAULTS = MRSConfig.paper_defaults()  # {"beta": 0.01, "eta": 8.0, "tau0": 0.6}
 
 
 # ----------------------------------------------------------------------------- the model
@@ -105,21 +101,30 @@ class KeepsightLMM(Pipeline):
     is_simple = True
     LL_OUTPUT = "logprob"  # what loglikelihood returns unless ll_output= says otherwise
 
-    def __init__(self, pretrained: str | os.PathLike | None = None, method: str = "none", pvm=None, mps=None,
-                 mrs=None, dtype: str = "auto", device: str | None = "auto", batch_size=1, max_new_tokens=128,
-                 steps=None, gen_length=None, block_length=None, cfg_scale=0.0, remasking="low_confidence",
-                 seed=0, system_prompt=None, ll_output=None, max_batch_size=None, baseline=None, baseline_args=None,
-                 **extra):
+    def __init__(self, pretrained: str | os.PathLike | None = None, method: str = "none", pvm=None, dtype=None,
+                 device=None, batch_size=1, max_new_tokens=None, steps=None, gen_length=None, block_length=None,
+                 cfg_scale=None, remasking=None, seed=None, system_prompt=None, ll_output=None, max_batch_size=None,
+                 baseline=None, baseline_args=None, **extra):
+        """Model arguments as lmms-eval passes them (strings, or values); a setting not given takes
+        ``Pipeline``'s default (the one place it is written). Each registered diffusion decoding method ``NAME``
+        (``mps``, ``mrs``, ...) is ``NAME=true|JSON`` and ``NAME_FIELD=value``."""
         del max_batch_size  # lmms-eval passes it for --batch_size auto, which is not supported
-        mps_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mps_")}
-        mrs_flat = {k[4:]: extra.pop(k) for k in list(extra) if k.startswith("mrs_")}
+        decoding = {}
+        for name in method_names("decode", "diffusion"):
+            config = get_method(name).config
+            flat = {k[len(name) + 1:]: extra.pop(k) for k in list(extra) if k.startswith(f"{name}_")}
+            defaults = config.paper_defaults() if hasattr(config, "paper_defaults") else {}
+            settings = fix_settings(name, extra.pop(name, None), flat, config_keys(config), defaults)
+            if settings is not None:
+                decoding[name] = settings
         baseline_flat = {k[9:]: extra.pop(k) for k in list(extra) if k.startswith("baseline_")}
         sampler_flat = {k[8:]: extra.pop(k) for k in list(extra) if k.startswith("sampler_")}
         if extra:
+            methods = ", ".join(f"{n}, {n}_*" for n in method_names("decode", "diffusion"))
             raise ValueError(f"unknown model argument(s) {sorted(extra)}; keepsight accepts pretrained, method, pvm, "
-                             "mps, mps_*, mrs, mrs_*, dtype, device, batch_size, max_new_tokens, steps, gen_length, "
-                             "block_length, cfg_scale, remasking, seed, system_prompt, ll_output, baseline, "
-                             "baseline_args, baseline_*, sampler_*")
+                             f"{methods}, dtype, device, batch_size, max_new_tokens, steps, gen_length, block_length, "
+                             "cfg_scale, remasking, seed, system_prompt, ll_output, baseline, baseline_args, "
+                             "baseline_*, sampler_*")
         unknown = sorted(set(sampler_flat) - set(SAMPLER_KEYS))
         if unknown:
             raise ValueError(f"unknown sampler setting(s) {['sampler_' + k for k in unknown]}; known: "
@@ -139,19 +144,19 @@ class KeepsightLMM(Pipeline):
             raise ValueError(f"baseline settings given without baseline={'|'.join(method_names('decode', 'autoregressive'))}")
         self._rank, self._world_size = process_rank()
         self.task_dict = getattr(self, "task_dict", None) or {}
+        given = {name: convert(name, value) for name, value, convert in (
+            ("dtype", dtype, lambda n, v: v), ("device", device, lambda n, v: v),  # the loader checks these two
+            ("max_new_tokens", max_new_tokens, lambda n, v: as_int(n, v, 1)),
+            ("steps", steps, lambda n, v: as_int(n, v, 1)), ("gen_length", gen_length, lambda n, v: as_int(n, v, 1)),
+            ("block_length", block_length, lambda n, v: as_int(n, v, 1)),
+            ("cfg_scale", cfg_scale, lambda n, v: as_float(n, v, 0.0)),
+            ("remasking", remasking, lambda n, v: as_choice(n, v, ("low_confidence", "random"))),
+            ("seed", seed, as_int)) if value is not None}
         Pipeline.__init__(
             self, pretrained, method=method, pvm=None if pvm in (None, "") else as_str("pvm", pvm),
-            baseline=baseline, baseline_args=settings,
-            mps=fix_settings("mps", mps, mps_flat, MPS_KEYS, MPS_DEFAULTS),
-            mrs=fix_settings("mrs", mrs, mrs_flat, MRS_KEYS, MRS_DEFAULTS), dtype=dtype, device=device,
-            max_new_tokens=as_int("max_new_tokens", max_new_tokens, 1),
-            steps=None if steps is None else as_int("steps", steps, 1),
-            gen_length=None if gen_length is None else as_int("gen_length", gen_length, 1),
-            block_length=None if block_length is None else as_int("block_length", block_length, 1),
-            cfg_scale=as_float("cfg_scale", cfg_scale, 0.0),
-            remasking=as_choice("remasking", remasking, ("low_confidence", "random")), seed=as_int("seed", seed),
+            baseline=baseline, baseline_args=settings, decoding=decoding,
             system_prompt=None if system_prompt in (None, "") else str(system_prompt),
-            sampler={k: SAMPLER_KEYS[k](f"sampler_{k}", v) for k, v in sampler_flat.items()})
+            sampler={k: SAMPLER_KEYS[k](f"sampler_{k}", v) for k, v in sampler_flat.items()}, **given)
 
     @staticmethod
     def _batch_size(value) -> int:

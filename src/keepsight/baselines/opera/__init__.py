@@ -73,8 +73,12 @@ prompts), ``beams`` (the forwards: prompts' beams in one cache, a candidate undo
 (the release's step per prompt, the prompts decoded together), ``method`` (``OPERA``, in place of ``generate``).
 """
 
+from ...methods import register_method
 from .config import OPERAConfig
 from .method import OPERA
 from .search import opera_beam_search
+
+register_method("opera", OPERAConfig, OPERA, family="autoregressive",
+                needs="nothing (replaces generate with its beam search)")
 
 __all__ = ["OPERA", "OPERAConfig", "opera_beam_search"]
