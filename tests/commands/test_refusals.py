@@ -18,7 +18,7 @@ def _error(capsys) -> str:
 
 
 @pytest.mark.parametrize("extra, named", [
-    (["--vcd.alpha", "nan", "--vcd.alpha", "1"], "--vcd.alpha given twice"),
+    (["--vcd.alpha", "0.5", "--vcd.alpha", "1"], "--vcd.alpha given twice"),
     (["--pai.amplify_prefill", "--no-pai.amplify_prefill"], "--no-pai.amplify_prefill given twice"),
     (["--limit", "2", "--limit", "3"], "--limit given twice"),
 ])
