@@ -157,7 +157,7 @@ PROFILES = {
 
 # what each profile runs, as `keepsight demo --help` lists it
 PROFILE_HELP = {
-    "full": "the default (about 22 minutes on 2 cores from scratch): the base, its diagnosis and multi-turn regime, "
+    "full": "the default (about 15 minutes on 2 idle cores from scratch): the base, its diagnosis and multi-turn regime, "
             "the PVM arms, the diffusion methods",
     "seeds": "three base seeds, PVM and bridge arms with 95% intervals",
     "readings": "LIA-MTR's readings vs the MLP",
