@@ -113,10 +113,9 @@ def run(out: str | Path = "runs/bench", steps: int = 30, repeats: int = 3) -> di
     reference = statistics.median(rates[("none", *REFERENCE)])
     rows = []
     for (name, t, policy), rs in rates.items():
-        alone = statistics.median(rates[("none", t, policy)])
+        alone, rate = statistics.median(rates[("none", t, policy)]), statistics.median(rs)
         rows.append({"neighbour": name, "threads": t, "wait": policy, "threads_used": sorted(set(used[(name, t, policy)])),
-                     "steps_per_s": statistics.median(rs), "all": rs, "slowdown": alone / statistics.median(rs),
-                     "vs_reference": statistics.median(rs) / reference})
+                     "steps_per_s": rate, "all": rs, "slowdown": alone / rate, "vs_reference": rate / reference})
     print(f"{'neighbour':<18s} {'threads':>7s} {'wait':>9s} {'used':>5s} {'steps/s':>8s} {'slowdown':>9s} "
           f"{'vs 2 libgomp alone':>19s}")
     for r in rows:

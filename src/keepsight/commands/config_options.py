@@ -90,13 +90,11 @@ def _option_kwargs(hint, name: str) -> dict:
     convert = field_converter(hint)
     origins = {typing.get_origin(a) for a in ([hint] if not union else args)}
     if origins & {list, tuple, set, frozenset, collections.abc.Iterable}:  # several words: "strided" or 8 16 24
-        word = union and str in args  # a single word stays the word
-        kwargs = {"nargs": "+", "post": lambda v: convert(name, v[0] if word and len(v) == 1 else v)}
-        if union:
-            kwargs["metavar"] = "VALUE"  # a word or numbers
-        else:  # list[int], tuple[float, ...]: each word checked by argparse as it parses
-            kwargs["type"] = _parsed(field_converter(args[0] if args else str), name)
-        return kwargs
+        if union:  # a single word stays the word, numbers become a list
+            return {"nargs": "+", "metavar": "VALUE", "post": lambda v: convert(name, v[0] if len(v) == 1 else v)}
+        # list[int], tuple[float, ...]: each word converted as argparse parses it, the field's container after
+        return {"nargs": "+", "type": _parsed(field_converter(args[0] if args else str), name),
+                "post": typing.get_origin(hint)}
     if hint is dict or typing.get_origin(hint) is dict:
         return {"type": _parsed(convert, name), "metavar": "JSON"}
     return {"type": _parsed(convert, name)}

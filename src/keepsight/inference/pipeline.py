@@ -165,15 +165,16 @@ class Pipeline:
         if self.remasking != "low_confidence":
             given.append("remasking")
         given += [f"sampler.{k}" for k in self.sampler]
-        foreign: dict[str, list[str]] = {}
-        for name in given:
-            if name.split(".")[0] not in self._entry.takes:
-                owner = next(m.name for m in METHODS.values() if m.stage == "load" and name.split(".")[0] in m.takes)
-                foreign.setdefault(owner, []).append(name)
+
+        def owner(name: str) -> str:  # the model-side method that takes the setting
+            return next(m.name for m in METHODS.values() if m.stage == "load" and name.split(".")[0] in m.takes)
+
+        foreign = [name for name in given if name.split(".")[0] not in self._entry.takes]
         if foreign:
-            owner, names = next(iter(foreign.items()))
-            raise ValueError(f"{', '.join(names)} only apply to method={owner} (method is {self.method}): pass "
-                             f"method={owner} to use them")
+            first = owner(foreign[0])
+            names = [name for name in foreign if owner(name) == first]
+            raise ValueError(f"{', '.join(names)} only apply to method={first} (method is {self.method}): pass "
+                             f"method={first} to use them")
         for name in self._entry.requires:
             if name not in given:
                 raise ValueError(f"method={self.method} needs {name}=<{self._entry.needs}>")

@@ -144,11 +144,13 @@ class KeepsightLMM(Pipeline):
             raise ValueError(f"baseline settings given without baseline={'|'.join(method_names('decode', 'autoregressive'))}")
         self._rank, self._world_size = process_rank()
         self.task_dict = getattr(self, "task_dict", None) or {}
+        def positive(n, v):
+            return as_int(n, v, 1)
+
         given = {name: convert(name, value) for name, value, convert in (
             ("dtype", dtype, lambda n, v: v), ("device", device, lambda n, v: v),  # the loader checks these two
-            ("max_new_tokens", max_new_tokens, lambda n, v: as_int(n, v, 1)),
-            ("steps", steps, lambda n, v: as_int(n, v, 1)), ("gen_length", gen_length, lambda n, v: as_int(n, v, 1)),
-            ("block_length", block_length, lambda n, v: as_int(n, v, 1)),
+            ("max_new_tokens", max_new_tokens, positive), ("steps", steps, positive),
+            ("gen_length", gen_length, positive), ("block_length", block_length, positive),
             ("cfg_scale", cfg_scale, lambda n, v: as_float(n, v, 0.0)),
             ("remasking", remasking, lambda n, v: as_choice(n, v, ("low_confidence", "random"))),
             ("seed", seed, as_int)) if value is not None}
