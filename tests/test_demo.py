@@ -43,7 +43,12 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
         ad = arm["after_description"]
         assert {"none", "description", "oracle", "drop", "recovery"} <= set(ad) and ad["description"]["n"] > 0
     assert (out / "pvm_text_regimes.png").is_file() and "accuracy as text grows, per arm" in html
-    assert "| its own description (" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "| its own description (" in md
+    # and the length of each arm's own description stands beside it (less text is not more access to the image)
+    words = pvm["comparison"]["pvm_sft"]["description_words"]
+    assert words == pvm["arms"]["pvm_sft"]["after_description"]["description_words"] > 0
+    assert f"| words of its own description (the text before that question) | {pvm['comparison']['base']['description_words']:.1f} |" in md
     # the bridge arms: MLP and LIA-MTR after each phase, the write gate probed
     bridge = saved["bridge"]
     assert list(bridge["arms"]) == ["mlp_phase1", "lia_mtr_phase1", "mlp_phase2", "lia_mtr_phase2"]

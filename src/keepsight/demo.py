@@ -33,7 +33,7 @@ from .report.base import base_sections, diagnosis_section
 from .report.baselines import baselines_markdown, baselines_report
 from .report.bridge import bridge_markdown, bridge_report
 from .report.claims import claims_markdown, claims_section, claims_table
-from .report.compare import moved_numbers
+from .report.compare import compare_numbers
 from .report.control import control_markdown, control_sections
 from .report.diffusion import diffusion_markdown, diffusion_report
 from .report.html import write_report
@@ -306,11 +306,11 @@ def published_results(profile_name: str) -> Path:
 
 
 def reproduce(profile_name: str = "full", against: str | Path | None = None, threads: int = DEFAULT_THREADS,
-              runs_dir: str | Path | None = None) -> tuple[list[str], Path]:
+              runs_dir: str | Path | None = None) -> tuple[list[str], list[str], Path]:
     """Run ``profile_name`` from nothing (a new, empty ``runs_dir``; default a temporary directory) and compare its
     ``results.md`` with the published one (``against``; default ``published_results``) number by number. Returns
-    the numbers that moved (``keepsight.report.compare.moved_numbers``; empty: reproduced) and the run's
-    directory."""
+    the numbers that moved and the lines the fresh run adds (``keepsight.report.compare.compare_numbers``; no moved
+    number: reproduced) and the run's directory."""
     against = Path(against) if against is not None else published_results(profile_name)
     if not against.is_file():
         raise FileNotFoundError(f"--against {against}: no such file")
@@ -327,7 +327,7 @@ def reproduce(profile_name: str = "full", against: str | Path | None = None, thr
     log(f"reproducing {against} from nothing in {runs}")
     run_demo(profile_name, runs_dir=runs, threads=threads)
     fresh = (runs / PROFILES[profile_name].name / "results.md").read_text()
-    return moved_numbers(published, fresh), runs
+    return *compare_numbers(published, fresh), runs
 
 
 def _training_scenes(profile: DemoProfile) -> WorldSamples:

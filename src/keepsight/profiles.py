@@ -143,6 +143,13 @@ PROFILES = {
     # descriptions shrink (docs/results.md), so the question after them follows less text
     "regime-format": DemoProfile(name="regime-format", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
                                  seeds=(0, 1, 2), pvm=dataclasses.replace(REGIME_ASK, instruct_mix=False)),
+    # `--profile regime-describe`: the same bases, every PVM arm trained on descriptions and the regime's format
+    # (describe, each scene's description three times, and describe_ask: a quarter of the items), so that the arms
+    # keep describing while they learn to answer after a description: the question follows as much text as the base's
+    "regime-describe": DemoProfile(name="regime-describe", n_train=4000, n_eval=200, n_dilution=150,
+                                   train=REGIME_RECIPE, seeds=(0, 1, 2),
+                                   pvm=dataclasses.replace(REGIME_ASK, train_tasks=("describe", "describe_ask"),
+                                                           instruct_mix=False)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
@@ -172,6 +179,8 @@ PROFILE_HELP = {
                   "question the image answers) added to its data, 3 seeds",
     "regime-format": "the same with every PVM arm trained on the regime's format alone, 3 seeds (about 46 minutes; "
                      "the arms then forget how to describe)",
+    "regime-describe": "the same with every PVM arm trained on descriptions and the regime's format (a quarter of "
+                       "the items), so that the arms keep describing, 3 seeds",
     "extended": "a 6-layer base and the PVM arms",
     "smoke": "tiny budgets (= --smoke)",
 }

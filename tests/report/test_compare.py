@@ -1,7 +1,12 @@
-"""``keepsight.report.compare.moved_numbers``: what ``keepsight demo --reproduce`` prints. Every number that moved is
-named with its table row, timing columns and the provenance line are left out, and added or removed rows show."""
+"""``keepsight.report.compare.compare_numbers``: what ``keepsight demo --reproduce`` prints. Every number that moved
+is named with its table row, timing columns and the provenance line are left out, a removed row or a changed row's
+shape counts as moved, and a row only the fresh run has is reported as added (a measure added since, not compared)."""
 
-from keepsight.report.compare import moved_numbers
+from keepsight.report.compare import compare_numbers
+
+
+def moved_numbers(published: str, fresh: str) -> list[str]:
+    return compare_numbers(published, fresh)[0]
 
 PUBLISHED = """# keepsight demo (full profile)
 
@@ -40,7 +45,14 @@ def test_rows_only_on_one_side_are_reported():
     moved = moved_numbers(PUBLISHED, fresh)
     assert moved == ["Base / count: only in the published results: | count | 0.80 | 0.65 |"]
     grown = PUBLISHED.replace("| count | 0.80 | 0.65 |\n", "| count | 0.80 | 0.65 |\n| shape | 0.77 | 0.59 |\n")
-    assert moved_numbers(PUBLISHED, grown) == ["Base / shape: only in the fresh run: | shape | 0.77 | 0.59 |"]
+    assert compare_numbers(PUBLISHED, grown) == ([], ["Base / shape: only in the fresh run: | shape | 0.77 | 0.59 |"])
+
+
+def test_a_row_that_changed_shape_counts_as_moved_not_added():
+    widened = PUBLISHED.replace("| colour | 0.69 | 0.44 |", "| colour | 0.69 | 0.44 | 57 |")
+    moved, added = compare_numbers(PUBLISHED, widened)
+    assert moved == ["Base / colour: only in the published results: | colour | 0.69 | 0.44 |"]
+    assert added == ["Base / colour: only in the fresh run: | colour | 0.69 | 0.44 | 57 |"]
 
 
 def test_a_non_timing_number_in_a_row_with_timings_still_counts():

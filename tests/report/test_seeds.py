@@ -5,18 +5,18 @@ import pytest
 
 from keepsight.experiments.aggregate import aggregate
 from keepsight.profiles import PROFILES, RELEASED_BASELINES
-from keepsight.report.seeds import description_rows, plot_seeds, seeds_markdown, seeds_sections
+from keepsight.report.seeds import description_rows, plot_seeds, seeds_markdown, seeds_sections, words_rows
 
 
 def _rate(acc):
     return {"acc": acc, "low": acc - 0.03, "high": acc + 0.03}
 
 
-def _arm(yes_no, after):
+def _arm(yes_no, after, words=57.0):
     return {"yes_no": {"overall_acc": yes_no, "categories": {"colour": {"acc": yes_no}}},
             "history": {"by_length": {"0": _rate(0.85), "15": _rate(after + 0.05)}, "drop": {"diff": 0.8 - after}},
             "after_description": {"none": _rate(0.85), "description": _rate(after), "oracle": _rate(0.8),
-                                  "drop": {"diff": 0.85 - after}},
+                                  "drop": {"diff": 0.85 - after}, "description_words": words},
             "descriptions": {"chair": {"chair_i": 0.01, "object_recall": 0.6}},
             "pope": {"adversarial": {"f1": yes_no}, "popular": {"f1": yes_no}}}
 
@@ -27,7 +27,7 @@ def _seed(shift):
     pvm = {"comparison": {a: {"yes_no_acc": 0.88, "description_regime_acc": acc}
                           for a, acc in (("base", 0.6 + shift), ("pvm_grpo", 0.7 + shift))},
            "arms": {a: {"history": v["history"], "after_description": v["after_description"]}
-                    for a, v in (("base", base), ("pvm_grpo", _arm(0.88, 0.7 + shift)))},
+                    for a, v in (("base", base), ("pvm_grpo", _arm(0.88, 0.7 + shift, words=20 + 100 * shift)))},
            "oracle": {"history": {"by_length": {"0": _rate(0.85), "15": _rate(0.8)}}}}
     # an arm whose name has a dot stays one arm (the aggregate's paths are dotted)
     return {"base": base, "pvm": pvm,
@@ -67,3 +67,20 @@ def test_the_regime_profile_runs_every_arm_on_three_seeds_of_the_regime_recipe()
     assert p.pvm is not None and p.pvm.finetune is not None and p.pvm.grpo.steps > 0
     assert p.baselines.arms == RELEASED_BASELINES and all(settings == {} for _, settings in p.baselines.arms.values())
     assert p.control is not None and p.control.pvm == p.pvm.pvm  # the mechanism control of the same block
+
+
+def test_each_arms_description_length_is_shown_beside_its_accuracy_after_it():
+    # an arm that writes less has less text before its question: the words are reported per arm and per seed
+    agg = aggregate([_seed(0.0), _seed(0.01), _seed(-0.01)])
+    rows = words_rows(agg, "pvm")
+    assert rows[0] == ["base", "57.0 [57.0, 57.0]", "57.0 / 57.0 / 57.0"]
+    assert rows[1][0] == "pvm_grpo" and rows[1][2] == "20.0 / 21.0 / 19.0" and rows[1][1].startswith("20.0 [")
+    md = seeds_markdown(agg)
+    assert "PVM arms: words of the arm's own description" in md and "| pvm_grpo | 20.0 [" in md
+    assert "words of its own description" in "".join(body for _, body in seeds_sections(agg))
+
+
+def test_the_regime_describe_profile_keeps_the_arms_describing_beside_the_format():
+    p = PROFILES["regime-describe"]
+    assert p.train == PROFILES["regime"].train and p.seeds == (0, 1, 2)  # the regime profile's bases
+    assert p.pvm.train_tasks == ("describe", "describe_ask") and not p.pvm.instruct_mix

@@ -193,6 +193,7 @@ def compare_arms(arms: dict) -> dict:
             "description_regime_acc": ad["description"]["acc"] if ad else None,
             "description_regime_drop": ad["drop"]["diff"] if ad else None,
             "description_regime_oracle_acc": ad["oracle"]["acc"] if ad else None,
+            "description_words": ad.get("description_words") if ad else None,
             "history_short_acc": short, "history_long_acc": long, "history_drop": hist["drop"]["diff"],
             "history_short_rel_change": relative_change(short, b_short),
             "history_long_rel_change": relative_change(long, b_long),

@@ -1,5 +1,6 @@
 """Compare two renderings of a run's ``results.md`` (the published one and a fresh run's) number by number:
-which numbers moved, where, and from what to what. Timing columns (seconds, time per token, speed-ups) and the
+which numbers moved, where, and from what to what, and which lines the fresh run adds (a measure the published run
+did not yet report). Timing columns (seconds, time per token, speed-ups) and the
 provenance line are left out: they differ between runs that computed the same thing."""
 
 from __future__ import annotations
@@ -58,13 +59,15 @@ def _timed_in_prose(line: str, number: str) -> bool:
     return re.search(re.escape(number) + r"\s*(?:s|min|minutes|seconds|ms)\b", line) is not None
 
 
-def moved_numbers(published: str, fresh: str) -> list[str]:
-    """Every number of ``published`` that ``fresh`` prints differently (or no longer prints), as readable lines;
-    empty when the two agree on every number outside the timing columns."""
+def compare_numbers(published: str, fresh: str) -> tuple[list[str], list[str]]:
+    """``(moved, added)``: every number of ``published`` that ``fresh`` prints differently (or no longer prints), as
+    readable lines (empty when the two agree on every number outside the timing columns); and the lines with numbers
+    that only ``fresh`` prints (a row or table added since the published run: new, not moved)."""
     a = [ln for ln in published.splitlines() if not ln.startswith(PROVENANCE)]
     b = [ln for ln in fresh.splitlines() if not ln.startswith(PROVENANCE)]
     ann_a, ann_b = _annotate(a), _annotate(b)
     moved: list[str] = []
+    added: list[str] = []
     matcher = difflib.SequenceMatcher(a=[_skeleton(x) for x in a], b=[_skeleton(x) for x in b], autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
@@ -79,5 +82,5 @@ def moved_numbers(published: str, fresh: str) -> list[str]:
                 moved.append(f"{label}: only in the published results: {la.strip()}")
         for lb, label, timing in ann_b[j1:j2]:
             if _numbers(lb, timing):
-                moved.append(f"{label}: only in the fresh run: {lb.strip()}")
-    return moved
+                added.append(f"{label}: only in the fresh run: {lb.strip()}")
+    return moved, added

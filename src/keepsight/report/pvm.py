@@ -9,6 +9,7 @@ from .plots import plot_arms_by_index, plot_text_regimes
 
 LABELS = {"base": "base", "pvm_sft": "+ PVM (stage 1 SFT)", "lora": "+ LoRA (matched control)",
           "pvm_grpo": "+ PVM (SFT + GRPO)", "full_ft": "full fine-tuning (reference)"}
+# (row label, comparison key[, digits])
 HEADLINE = (
     ("visual question, no history", "history_short_acc"), ("visual question after the longest history",
                                                              "history_long_acc"),
@@ -16,6 +17,7 @@ HEADLINE = (
     ("visual question after its own description", "description_regime_acc"),
     ("drop, no text -> after its own description", "description_regime_drop"),
     ("after its description, image shown again (oracle)", "description_regime_oracle_acc"),
+    ("words of its own description (the text before that question)", "description_words", 1),
     ("no history: rel. change vs base", "history_short_rel_change"),
     ("longest history: rel. change vs base", "history_long_rel_change"),
     ("yes/no acc", "yes_no_acc"), ("open answers (mean)", "open_mean"), ("CHAIRi", "chair_i"),
@@ -43,7 +45,7 @@ def _gate_rows(training: dict) -> list[list]:
 def pvm_sections(res: dict, plot: Path, text_plot: Path | None = None) -> list[tuple[str, str]]:
     comp, tr, paper = res["comparison"], res["training"], res["paper"]
     arms = list(comp)
-    rows = [[label] + [comp[a][key] for a in arms] for label, key in HEADLINE]
+    rows = [[label] + [fmt(comp[a][key], *digits) for a in arms] for label, key, *digits in HEADLINE]
     cats = list(comp["base"]["yes_no_by_category"])
     cat_rows = [[c] + [comp[a]["yes_no_by_category"][c] for a in arms] for c in cats]
     split = res["arms"]["base"]["dilution"]["early_late"]["split"]
@@ -96,8 +98,8 @@ def pvm_markdown(res: dict) -> str:
     lines = ["", f"PVM experiment (same base, data and step budget per arm; every trained arm learns from {data}):", "",
              "| measure | " + " | ".join(LABELS[a] for a in arms) + " |",
              "| --- | " + " | ".join("---" for _ in arms) + " |"]
-    for label, key in HEADLINE:
-        lines.append(f"| {label} | " + " | ".join(fmt(comp[a][key]) for a in arms) + " |")
+    for label, key, *digits in HEADLINE:
+        lines.append(f"| {label} | " + " | ".join(fmt(comp[a][key], *digits) for a in arms) + " |")
     lines += ["", "Is the branch looking things up? Retrieval entropy (ln M: a uniform mean-pool) and query dependence "
               "(mean total-variation distance between positions' retrieval distributions), before stage 1 / after "
               "each stage:", "",

@@ -49,8 +49,8 @@ BASE_ROWS = [("yes/no, all", "yes_no.overall_acc"),
              ("Omega_V log-log slope", "diagnosis.slope"), ("TVR plateau", "diagnosis.tvr_plateau")]
 
 
-def _per_seed(ci: dict | None) -> str:
-    return " / ".join(f"{x:.3f}" for x in (ci or {}).get("values", []))
+def _per_seed(ci: dict | None, digits: int = 3) -> str:
+    return " / ".join(f"{x:.{digits}f}" for x in (ci or {}).get("values", []))
 
 
 def base_rows(agg: dict) -> list[list]:
@@ -103,6 +103,19 @@ def description_rows(agg: dict, experiment: str) -> list[list]:
             for arm in _arms(data) if f"arms.{arm}.after_description.description.acc" in data]
 
 
+def words_rows(agg: dict, experiment: str) -> list[list]:
+    """Per arm: the words of its own description (the text before the question of ``description_rows``), mean
+    [95% interval] over the seeds and each seed's: an arm that learned to write less has less text before its
+    question, and its accuracy there is not comparable with the base's."""
+    data = agg.get(experiment, {})
+    rows = []
+    for arm in _arms(data):
+        ci = data.get(f"arms.{arm}.after_description.description_words")
+        if ci:
+            rows.append([arm, fmt_ci(ci, 1), _per_seed(ci, 1)])
+    return rows
+
+
 def _ci_rate(ci: dict) -> dict:
     return {"acc": ci["mean"], "low": ci["low"], "high": ci["high"]}
 
@@ -150,8 +163,10 @@ def seeds_sections(agg: dict, out_dir: str | Path | None = None) -> list[tuple[s
         rows = description_rows(agg, experiment)
         plot = plot_seeds(agg, experiment, Path(out_dir) / f"seeds_{experiment}_text.png") if out_dir else None
         if rows or plot:
+            words = words_rows(agg, experiment)
             body = (img_tag(plot.read_bytes(), f"{label}: accuracy as text grows") if plot else "") + (
-                table(["arm", *(head for _, head in REGIME_STEPS)], rows) if rows else "")
+                table(["arm", *(head for _, head in REGIME_STEPS)], rows) if rows else "") + (
+                table(["arm", "words of its own description", "per seed"], words) if words else "")
             sections.append((f"Seeds: {label} as text grows", body))
     return sections
 
@@ -182,4 +197,9 @@ def seeds_markdown(agg: dict) -> str:
             lines += ["", f"{label[0].upper()}{label[1:]}: a visual question after the arm's own description, mean "
                           f"[95% interval] over {n} seeds:", "",
                       *_md_table(["arm", *(head for _, head in REGIME_STEPS)], rows)]
+        rows = words_rows(agg, experiment)
+        if rows:
+            lines += ["", f"{label[0].upper()}{label[1:]}: words of the arm's own description (the text before that "
+                          f"question), mean [95% interval] over {n} seeds:", "",
+                      *_md_table(["arm", "words", "per seed"], rows)]
     return "\n".join(lines)
