@@ -1,5 +1,6 @@
 """``keepsight.methods``: the registry every method is listed in once, by the package that holds it."""
 
+import dataclasses
 import importlib.metadata
 import subprocess
 import sys
@@ -115,6 +116,31 @@ def test_a_package_that_does_not_import_is_named(tmp_path, monkeypatch):
 def test_keepsight_declares_its_own_method_packages():
     declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=methods.GROUP)}
     assert declared["baselines"] == "keepsight.baselines" and declared["diffusion"] == "keepsight.diffusion"
+
+
+@pytest.mark.parametrize("name, where", [("steps", "cli"), ("sampler", "cli"), ("seed", "lmms"), ("baseline_x", "lmms")])
+def test_a_method_named_like_keepsights_own_options_is_refused_by_name(name, where):
+    """A diffusion method called like a command's option (``--steps``, ``--sampler.FIELD``) or a model argument of
+    lmms-eval's (``seed=``, ``baseline_*``) could not be switched on: the command line and lmms-eval say which method
+    (and which module registered it) instead of breaking or ignoring it."""
+    register_method(name, dataclasses.make_dataclass("NudgeConfig", [("scale", float, 1.0)]), lambda c: c,
+                    family="diffusion")
+    try:
+        if where == "cli":
+            with pytest.raises(ValueError, match=rf"decoding method '{name}' \(registered by .*\): the command uses --{name}"):
+                build_parser()
+        with pytest.raises(ValueError, match=rf"diffusion method '{name}' \(registered by .*\) is named like one of "
+                                             "keepsight's own model arguments"):
+            KeepsightLMM(pretrained="unused")
+    finally:
+        METHODS.pop(name)
+    build_parser()  # without it the commands build again
+
+
+def test_two_methods_whose_flat_settings_would_mix_are_refused():
+    with pytest.raises(ValueError, match="could not be told from those of the registered method 'mps'"):
+        register_method("mps_fast", *BASELINES["vcd"][::-1], family="diffusion")
+    assert "mps_fast" not in METHODS
 
 
 @pytest.fixture

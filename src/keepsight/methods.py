@@ -150,6 +150,11 @@ def register_method(name: str, config: type | None = None, build: Callable | Non
                          "'load')")
     if not set(requires) <= set(takes):
         raise ValueError(f"method {name!r}: requires {sorted(set(requires) - set(takes))}, which it does not take")
+    clash = next((m for m in METHODS if m != name and METHODS[m].stage == "decode"
+                  and (m.startswith(f"{name}_") or name.startswith(f"{m}_"))), None)
+    if stage == "decode" and clash:
+        raise ValueError(f"method {name!r}: its settings' flat names ({name}_FIELD, lmms-eval's model arguments) could "
+                         f"not be told from those of the registered method {clash!r}; register it under another name")
     for what, fn in (("check", check), ("attach", attach)):
         if fn is not None and not callable(fn):
             raise ValueError(f"method {name!r}: {what} must be callable, got {fn!r}")

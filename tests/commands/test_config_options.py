@@ -23,7 +23,7 @@ from keepsight.train.pvm_sft import PVMTrainConfig
 
 # command -> [(prefix, config class, fields set elsewhere: the model's widths, derived ones)]
 CONFIGS = {
-    ("pvm", "train"): [("pvm", PVMConfig, set()), ("sft", PVMTrainConfig, set()), ("grpo", GRPOTrainConfig, set())],
+    ("pvm", "train"): [("pvm", PVMConfig, set()), ("train", PVMTrainConfig, set()), ("train", GRPOTrainConfig, set())],
     ("lora", "train"): [("pvm", PVMConfig, set()), ("train", LoRATrainConfig, set())],
     ("diffusion", "train"): [("train", DiffusionTrainConfig, set())],
     ("bridge", "train"): [("train", BridgeTrainConfig, {"bridge_options"}),
@@ -102,12 +102,20 @@ def _capture(monkeypatch, module, name):
 def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
     seen = _capture(monkeypatch, pvm_command, "train_pvm_sft")
     argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"),
-            "--variant", "branch", "--pvm.normalize_v", "rms", "--no-pvm.silence_visual", "--sft.warmup_ratio", "0.2",
+            "--variant", "branch", "--pvm.normalize_v", "rms", "--no-pvm.silence_visual", "--train.warmup_ratio", "0.2",
             "--steps", "7"]
     assert main(argv) == 2 and "captured" in capsys.readouterr().err
     _, _, _, pvm_cfg, train_cfg = seen["args"]
     assert (pvm_cfg.normalize_v, pvm_cfg.silence_visual, pvm_cfg.key_proj) == ("rms", False, False)
     assert (train_cfg.warmup_ratio, train_cfg.steps, train_cfg.lr) == (0.2, 7, PVMTrainConfig.lr)
+
+    # one spelling for both stages: --train.FIELD reaches the config of the stage trained
+    seen = _capture(monkeypatch, pvm_command, "train_pvm_grpo")
+    argv = ["pvm", "train", "--stage", "grpo", "--init", str(world / "m"), "--model", str(world / "m"), "--data",
+            str(world / "w"), "--out", str(world / "o"), "--train.top_p", "0.5", "--train.warmup_ratio", "0.2"]
+    assert main(argv) == 2 and "captured" in capsys.readouterr().err
+    cfg = seen["args"][4]
+    assert (cfg.top_p, cfg.warmup_ratio, cfg.schedule) == (0.5, 0.2, GRPOTrainConfig.schedule)
 
     seen = _capture(monkeypatch, bridge_command, "train_bridge")
     argv = ["bridge", "train", "--phase", "1", "--model", str(world / "m"), "--data", str(world / "w"), "--out",
@@ -122,9 +130,11 @@ def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--grpo.top_p", "0.5"], "--grpo.top_p apply to --stage grpo; this run is --stage sft"),
-    (["--sft.warmup_ratio", "2"], "warmup_ratio must be in [0.0, 1.0), got 2.0"),
+    (["--train.top_p", "0.5"], "--train.top_p apply to --stage grpo; this run is --stage sft"),
+    (["--train.warmup_ratio", "2"], "warmup_ratio must be in [0.0, 1.0), got 2.0"),
     (["--pvm.normalize_v", "l2"], "normalize_v"),
+    (["--stage", "grpo", "--train.withhold_image"], "--train.withhold_image apply to --stage sft; this run is --stage grpo"),
+    (["--stage", "grpo", "--pvm.normalize_v", "rms"], "--pvm.normalize_v apply to --stage sft"),
 ])
 def test_generated_options_are_checked_and_refused_where_they_do_not_apply(world, capsys, extra, message):
     argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"), *extra]

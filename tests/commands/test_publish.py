@@ -158,7 +158,7 @@ def test_overwrite_keeps_the_old_adapter_until_the_new_one_is_complete(env, tmp_
     from keepsight.pvm import load_pvm
 
     out = tmp_path / "a"
-    common = ["--data", str(env / "world"), "--steps", "4", "--batch-size", "2", "--sft.save_every", "1", "--out", str(out)]
+    common = ["--data", str(env / "world"), "--steps", "4", "--batch-size", "2", "--train.save_every", "1", "--out", str(out)]
     assert main(["pvm", "train", "--model", str(env / "m1"), *common]) == 0
     old = (out / "pvm.safetensors").read_bytes()
     # the new run stops half-way (as a killed one would): the old adapter is still there, whole and usable

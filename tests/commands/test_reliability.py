@@ -364,7 +364,7 @@ def test_a_checkpoint_save_that_fails_leaves_no_folder_without_weights(env, tmp_
     monkeypatch.setattr(trainer_module, "save_model", full_disk)
     out = tmp_path / "o"
     argv = ["pvm", "train", "--model", str(env / "m1"), "--data", str(env / "world"), "--out", str(out), "--steps", "2",
-            "--batch-size", "2", "--sft.save_every", "1"]
+            "--batch-size", "2", "--train.save_every", "1"]
     assert main(argv) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-1"]  # the good one, no half one

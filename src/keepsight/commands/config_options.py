@@ -104,24 +104,45 @@ def _dest(prefix: str, name: str) -> str:
     return f"config__{prefix}__{name}"
 
 
+def _shown(f: dataclasses.Field):
+    default = _default(f)
+    return default if not isinstance(default, (tuple, list, frozenset, set)) else list(default)
+
+
 def add_config_options(parser, prefix: str, cls, *, skip=(), title: str | None = None, note: str = "") -> None:
     """Add ``--<prefix>.<field>`` for every init field of the dataclass ``cls`` not in ``skip`` (in a group
-    titled ``title``); unset options leave the config's default."""
-    hints = typing.get_type_hints(cls)
-    comments = field_comments(cls)
-    group = parser.add_argument_group(title or f"{cls.__name__} (--{prefix}.FIELD)", note or None)
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name in skip:
-            continue
-        kwargs = _option_kwargs(hints[f.name], f"--{prefix}.{f.name}")
+    titled ``title``); unset options leave the config's default. ``cls`` may also be ``{label: dataclass}``, for a
+    command whose one spelling of a setting reaches whichever of several configs a run builds (``keepsight pvm
+    train``'s two stages): one option per field name, its help giving each config's default (or the configs it
+    applies to); read it with ``given_settings`` for the config the run builds."""
+    classes = cls if isinstance(cls, dict) else {None: cls}
+    found: dict[str, list] = {}  # field name -> [(label, field, annotation, comment)] over the classes that have it
+    for label, klass in classes.items():
+        hints, comments = typing.get_type_hints(klass), field_comments(klass)
+        for f in dataclasses.fields(klass):
+            if f.init and f.name not in skip:
+                found.setdefault(f.name, []).append((label, f, hints[f.name], comments.get(f.name, "")))
+    group = parser.add_argument_group(title or f"{next(iter(classes.values())).__name__} (--{prefix}.FIELD)",
+                                      note or None)
+    for name, where in found.items():
+        _, f, hint, text = where[0]
+        if any(c != text for _, _, _, c in where):  # each config's own comment, named
+            text = "; ".join(f"{label}: {c}" for label, _, _, c in where if c)
+        if any(h != hint for _, _, h, _ in where):
+            raise TypeError(f"--{prefix}.{name}: the configs annotate it differently ({[h for _, _, h, _ in where]})")
+        kwargs = _option_kwargs(hint, f"--{prefix}.{name}")
         kwargs.pop("post", None)
         if kwargs.get("action") is None:
-            kwargs.setdefault("metavar", f.name.upper())
-        default = _default(f)
-        shown = default if not isinstance(default, (tuple, list, frozenset, set)) else list(default)
-        text = comments.get(f.name, "")
-        group.add_argument(f"--{prefix}.{f.name}", dest=_dest(prefix, f.name), default=None,
-                           help=f"{text} (default: {shown})".strip().replace("%", "%%"), **kwargs)
+            kwargs.setdefault("metavar", name.upper())
+        shown = [(label, _shown(g)) for label, g, _, _ in where]
+        every = len(where) == len(classes)
+        if every and all(v == shown[0][1] for _, v in shown):
+            default = f"(default: {shown[0][1]})"
+        else:  # "(default: sft 0.0001, grpo 1e-06)", "(default: grpo 0.04; grpo only)"
+            default = (f"(default: {', '.join(f'{label} {v}' for label, v in shown)}"
+                       f"{'' if every else '; ' + ' and '.join(label for label, _ in shown) + ' only'})")
+        group.add_argument(f"--{prefix}.{name}", dest=_dest(prefix, name), default=None,
+                           help=f"{text} {default}".strip().replace("%", "%%"), **kwargs)
 
 
 def given_settings(args, prefix: str, cls, *, skip=()) -> dict:

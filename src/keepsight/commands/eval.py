@@ -60,7 +60,6 @@ from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
 from .method_options import (
     add_method_options,
-    add_sampler_options,
     baseline_choice,
     diffusion_methods,
     sampler_settings,
@@ -106,8 +105,7 @@ def method_args(g, required_model: bool = True) -> None:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--device", default="auto")
     g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
-    add_method_options(g, ("autoregressive", "diffusion"))
-    add_sampler_options(g)
+    add_method_options(g, ("autoregressive", "diffusion"))  # with the sampler's options
 
 
 def load_method(args) -> Pipeline:

@@ -36,16 +36,29 @@ def add_method_options(parser, families: tuple[str, ...]) -> None:
         parser.add_argument("--baseline-args", metavar="JSON", help="the baseline's settings as one JSON object, "
                             'e.g. \'{"alpha": 1.0}\' (the same as --<baseline>.alpha 1.0)')
     if "diffusion" in families:
+        add_sampler_options(parser)
         for name in method_names("decode", "diffusion"):
+            _refuse_taken(parser, name)
             parser.add_argument(f"--{name}", nargs="?", const="{}", metavar="JSON", help=f"diffusion: "
                                 f"{title(get_method(name))} (the released defaults, or the --{name}.FIELD options "
                                 "below, or their JSON object)")
     for family in families:
         for name in method_names("decode", family):
             entry = get_method(name)
+            if family != "diffusion":
+                _refuse_taken(parser, name)
             turns_on = f"--{name}" if family == "diffusion" else f"--baseline {name}"
             add_config_options(parser, name, entry.config, title=f"{name} settings (--{name}.FIELD)",
                                note=f"{entry.config.__name__}; any of these turns on {turns_on}")
+
+
+def _refuse_taken(parser, name: str) -> None:
+    """A method whose options (``--NAME``, ``--NAME.FIELD``) the command already uses for its own is an error naming
+    the method and the module that registered it (argparse would refuse the parser, or the two would mix)."""
+    taken = sorted(o for o in parser._option_string_actions if o == f"--{name}" or o.startswith(f"--{name}."))
+    if taken:
+        raise ValueError(f"decoding method {name!r} (registered by {get_method(name).config.__module__}): the command "
+                         f"uses {', '.join(taken)} itself; register the method under another name")
 
 
 # the diffusion sampler's fast-decoding settings, as --sampler.FIELD options (the other fields have options of their own)

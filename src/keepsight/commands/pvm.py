@@ -4,6 +4,8 @@ convert``: adapter files to and from the released checkpoint layout."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..atomic import check_output_dir
 from ..metrics.answers import KINDS
 from ..models import load_checkpoint
@@ -34,6 +36,8 @@ REWARDS = ("exact",)  # grpo on a user's data: the default reward
 SFT_ONLY = ("variant", "layers", "pvm_hidden_size", "heads", "gate", "batch_size")
 GRPO_ONLY = ("init", "trainable", "beta", "num_generations", "prompts_per_step", "max_completion_length", "tasks",
              "reward")
+# each stage's training config: --train.FIELD reaches the one of --stage
+STAGE_CONFIGS = {"sft": PVMTrainConfig, "grpo": GRPOTrainConfig}
 # config fields that have their own short option above (--layers, --steps, ...)
 PVM_SHORT = {"variant", "layers", "pvm_hidden_size", "heads", "gate"}
 TRAIN_SHORT = {"steps", "lr", "gate_lr", "batch_size", "seed", "max_length", "skip_bad_rows", "beta", "num_generations",
@@ -85,10 +89,9 @@ def add_parser(sub) -> None:
     training_args(pt)
     add_config_options(pt, "pvm", PVMConfig, skip=PVM_SHORT, title="sft: the PVM block (--pvm.FIELD)",
                        note="every field of keepsight.pvm.PVMConfig not set above")
-    add_config_options(pt, "sft", PVMTrainConfig, skip=TRAIN_SHORT, title="sft: training (--sft.FIELD)",
-                       note="every field of keepsight.train.pvm_sft.PVMTrainConfig not set above")
-    add_config_options(pt, "grpo", GRPOTrainConfig, skip=TRAIN_SHORT, title="grpo: training (--grpo.FIELD)",
-                       note="every field of keepsight.train.pvm_grpo.GRPOTrainConfig not set above")
+    add_config_options(pt, "train", STAGE_CONFIGS, skip=TRAIN_SHORT, title="training (--train.FIELD)",
+                       note="every field of keepsight.train.pvm_sft.PVMTrainConfig (sft) and "
+                       "keepsight.train.pvm_grpo.GRPOTrainConfig (grpo) not set above, for the --stage trained")
     pt.set_defaults(func=run_train)
 
     pc = pv.add_parser("convert", help="between keepsight's adapter files and the released PVM checkpoint layout")
@@ -144,7 +147,7 @@ def run_train(args) -> int:
         short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, beta=args.beta,
                      num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
                      trainable=args.trainable)
-        given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "grpo", GRPOTrainConfig)}
+        given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "train", GRPOTrainConfig)}
         cfg = make(**given, seed=args.seed, max_completion_length=args.max_completion_length,
                    max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
         if own is None:
@@ -166,7 +169,7 @@ def run_train(args) -> int:
                         **branch, **given_settings(args, "pvm", PVMConfig))
     make = PVMTrainConfig.released if args.recipe == "released" else PVMTrainConfig
     short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size)
-    given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "sft", PVMTrainConfig)}
+    given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "train", PVMTrainConfig)}
     train_cfg = make(**given, seed=args.seed, max_length=args.max_length, skip_bad_rows=args.skip_bad_rows)
     data = instruct_data(samples, args.seed) if own is None else own
     summary = train_pvm_sft(args.model, data, args.out, pvm_cfg, train_cfg,
@@ -189,9 +192,12 @@ def _refuse_options(args) -> None:
                "stage 2 (grpo) continues the --init adapter, whose blocks are fixed, with its own batch "
                "(--prompts-per-step x --num-generations)")
         raise ValueError(f"{names}: not for --stage {args.stage} ({why})")
-    generated = {"sft": [("grpo", GRPOTrainConfig)], "grpo": [("sft", PVMTrainConfig), ("pvm", PVMConfig)]}
-    for prefix, cls in generated[args.stage]:
-        found = given_settings(args, prefix, cls)
-        if found:
-            where = "--stage grpo" if prefix == "grpo" else "--stage sft"
-            raise ValueError(f"{option_names(prefix, found)} apply to {where}; this run is --stage {args.stage}")
+    other = "grpo" if args.stage == "sft" else "sft"
+    own = {f.name for f in dataclasses.fields(STAGE_CONFIGS[args.stage])}
+    found = {k: v for k, v in given_settings(args, "train", STAGE_CONFIGS[other]).items() if k not in own}
+    if found:
+        raise ValueError(f"{option_names('train', found)} apply to --stage {other}; this run is --stage {args.stage}")
+    found = given_settings(args, "pvm", PVMConfig) if args.stage == "grpo" else {}
+    if found:
+        raise ValueError(f"{option_names('pvm', found)} apply to --stage sft; this run is --stage grpo (the --init "
+                         "adapter fixes the blocks)")

@@ -61,6 +61,7 @@ This module imports lmms-eval only inside ``manifest``, ``register``, ``main`` a
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -90,6 +91,8 @@ SAMPLER_KEYS = config_keys(SamplerConfig, only=USER_SETTINGS)
 
 # ----------------------------------------------------------------------------- the model
 
+FLAT_PREFIXES = ("baseline", "sampler")  # baseline_FIELD=..., sampler_FIELD=...
+
 
 class KeepsightLMM(Pipeline):
     """lmms-eval's simple-model interface over ``keepsight.inference.Pipeline`` (the loading, methods and decoding
@@ -111,6 +114,9 @@ class KeepsightLMM(Pipeline):
         del max_batch_size  # lmms-eval passes it for --batch_size auto, which is not supported
         decoding = {}
         for name in method_names("decode", "diffusion"):
+            if name in OWN_ARGUMENTS or any(name == p or name.startswith(f"{p}_") for p in FLAT_PREFIXES):
+                raise ValueError(f"diffusion method {name!r} (registered by {get_method(name).config.__module__}) is "
+                                 "named like one of keepsight's own model arguments; register it under another name")
             config = get_method(name).config
             flat = {k[len(name) + 1:]: extra.pop(k) for k in list(extra) if k.startswith(f"{name}_")}
             defaults = config.paper_defaults() if hasattr(config, "paper_defaults") else {}
@@ -274,6 +280,10 @@ class KeepsightLMM(Pipeline):
                 hook.add_partial("loglikelihood", (context, continuation), result)
             out.append(result)
         return out
+
+
+# the model arguments KeepsightLMM takes by name: a diffusion method called like one could not be switched on
+OWN_ARGUMENTS = frozenset(inspect.signature(KeepsightLMM.__init__).parameters) - {"self", "extra"}
 
 
 # ----------------------------------------------------------------------------- lmms-eval glue
