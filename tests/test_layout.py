@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "keepsight"
 
 # package -> layer; a module may import its own package and packages of the same or a lower layer
 LAYERS = {
-    "keepsight": 0, "atomic": 0, "checks": 0, "methods": 0, "openmp": 0, "fingerprint": 0, "determinism": 0, "jsonl": 0, "ops": 0, "metrics": 0,
+    "keepsight": 0, "atomic": 0, "checks": 0, "methods": 0, "openmp": 0, "cores": 0, "fingerprint": 0, "determinism": 0, "jsonl": 0, "ops": 0, "metrics": 0,
     "bridge": 1,  # projector modules on ops (a bridged LLaVA is an architecture the loader builds)
     "models": 2, "probes": 2,
     "pvm": 3, "diffusion": 3, "baselines": 3,

@@ -1,29 +1,64 @@
-"""``keepsight.openmp``: the console script sets OpenMP's wait policy before torch loads, and leaves a user's."""
+"""``keepsight.openmp``: the console script sets OpenMP's wait policy before torch loads (idle threads sleep at once
+where the command will run more threads than the cores free, else spin briefly), and leaves a user's."""
 
+import argparse
 import os
 import subprocess
 import sys
 
-from keepsight.openmp import SPINCOUNT, set_wait_policy
+from keepsight.cli import build_parser
+from keepsight.openmp import PINNED_THREADS, SPINCOUNT, requested_threads, set_wait_policy
 
-PROBE = ("import sys, os; assert 'torch' not in sys.modules; import keepsight.launch; "
+PROBE = ("import sys, os; assert 'torch' not in sys.modules; sys.argv = ['keepsight', *{argv!r}]; "
+         "import keepsight.launch; assert 'torch' in sys.modules; "
          "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
 
 
-def _probe(**env) -> str:
+def _probe(argv=(), **env) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    return subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run([sys.executable, "-c", PROBE.format(argv=list(argv))], env={**clean, **env},
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_the_console_script_sets_the_spin_count_unless_the_user_did():
-    assert _probe() == f"{SPINCOUNT} None"
-    assert _probe(GOMP_SPINCOUNT="300000") == "300000 None"
-    assert _probe(OMP_WAIT_POLICY="PASSIVE") == "None PASSIVE"
+def test_the_console_script_sets_the_policy_before_torch_loads_unless_the_user_did():
+    assert _probe(["models"]) == f"{SPINCOUNT} None"  # --threads auto: never more threads than cores free
+    assert _probe(["demo", "--threads", str(10**6)]) == "None PASSIVE"  # more threads than any machine has free
+    assert _probe(["demo", "--threads", str(10**6)], GOMP_SPINCOUNT="300000") == "300000 None"
+    assert _probe(OMP_WAIT_POLICY="ACTIVE") == "None ACTIVE"
 
 
 def test_set_wait_policy_on_a_mapping():
     env: dict = {}
     assert set_wait_policy(env) == SPINCOUNT and env == {"GOMP_SPINCOUNT": SPINCOUNT}
+    env = {}
+    assert set_wait_policy(env, threads=2, free=2) == SPINCOUNT and env == {"GOMP_SPINCOUNT": SPINCOUNT}
+    env = {}  # a pinned 2 threads beside a busy neighbour on 2 cores: sleep, do not spin
+    assert set_wait_policy(env, threads=2, free=1) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert set_wait_policy(env) is None and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert set_wait_policy(env, threads=2, free=0) is None and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_threads_a_command_will_run_at_are_read_from_its_words():
+    assert requested_threads(["demo"]) == 2 and requested_threads(["demo", "--profile", "regime"]) == 2
+    assert requested_threads(["world", "train", "--out", "w"]) == 2
+    assert requested_threads(["demo", "--threads", "1"]) == 1 and requested_threads(["eval", "pope", "--threads=3"]) == 3
+    assert requested_threads(["demo", "--threads", "auto"]) is None and requested_threads(["world", "eval"]) is None
+    assert requested_threads([]) is None
+
+
+def _leaves(parser, path=()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _leaves(child, (*path, name))
+
+
+def test_the_pinned_commands_are_those_whose_parser_pins_the_threads():
+    pinned = {}
+    for path, parser in _leaves(build_parser()):
+        action = parser._option_string_actions.get("--threads")
+        if action is not None and action.default != "auto":
+            pinned[path] = action.default
+    assert pinned == PINNED_THREADS

@@ -13,7 +13,8 @@ from safetensors import SafetensorError
 from .atomic import release_outputs
 from .commands import GROUPS
 from .commands.options import threads
-from .determinism import busy_note, free_cores, resolve_threads
+from .cores import free_cores
+from .determinism import busy_note, resolve_threads
 from .train.distributed import is_main_process, launch_options
 
 

@@ -1,9 +1,11 @@
-"""The ``keepsight`` console script: OpenMP's wait policy (``keepsight.openmp``) set before anything loads torch,
-then the command line (``keepsight.cli``)."""
+"""The ``keepsight`` console script: OpenMP's wait policy (``keepsight.openmp``, from the threads the command will run
+at and the cores free now) set before anything loads torch, then the command line (``keepsight.cli``)."""
 
-from .openmp import set_wait_policy
+import sys
 
-set_wait_policy()
+from .openmp import requested_threads, set_wait_policy
+
+set_wait_policy(threads=requested_threads(sys.argv[1:]))
 
 from .cli import main  # noqa: E402  (torch loads here, after the policy is set)
 

@@ -3,22 +3,48 @@ CPU wheel), which reads it once.
 
 libgomp's idle threads spin for a while before they sleep; at 2 threads on 2 cores beside another busy process a
 spinning thread takes the time slice its partner needs to finish the region both wait on, and training collapses
-(README, "A busy machine"). A shorter spin keeps most of the speed of an idle machine and yields to a neighbour. The
-policy changes how threads wait, never what they compute: results are the same bits under any setting.
+(README, "A busy machine"). So the console script chooses, before torch loads: where the command will run more
+threads than there are cores free (a pinned ``--threads`` beside a busy neighbour), its idle threads sleep at once
+(``OMP_WAIT_POLICY=PASSIVE``); otherwise they spin briefly (``GOMP_SPINCOUNT``), which keeps most of an idle machine's
+speed and yields to a neighbour that starts later. The policy changes how threads wait, never what they compute:
+results are the same bits under any setting.
 """
 
 from __future__ import annotations
 
 import os
 
+from .cores import DEFAULT_THREADS, free_cores
+
 SPINCOUNT = "5000"  # spins before an idle OpenMP thread sleeps (libgomp's default: 300,000; README, "A busy machine")
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # a user who set either keeps it
+# the commands whose thread count is pinned unless --threads says otherwise (the published results' count); every
+# other command defaults to --threads auto, the cores free when it starts
+PINNED_THREADS = {("demo",): DEFAULT_THREADS, ("world", "train"): DEFAULT_THREADS}
 
 
-def set_wait_policy(environ=os.environ) -> str | None:
-    """Set ``GOMP_SPINCOUNT`` to keepsight's default unless the user set it or ``OMP_WAIT_POLICY``; returns the
-    value set, or None where the user's setting stands. Effective only before torch is imported."""
+def requested_threads(argv: list[str]) -> int | None:
+    """The intra-op threads the command ``argv`` (the words after ``keepsight``) will run at, read before its parser
+    exists: its ``--threads N``, or its pinned default (``PINNED_THREADS``); None where it chooses from the cores free
+    (``--threads auto``, the default of the other commands) or the words do not say."""
+    for i, word in enumerate(argv):
+        value = word.split("=", 1)[1] if word.startswith("--threads=") else (
+            argv[i + 1] if word == "--threads" and i + 1 < len(argv) else None)
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return next((n for path, n in PINNED_THREADS.items() if tuple(argv[:len(path)]) == path), None)
+
+
+def set_wait_policy(environ=os.environ, threads: int | None = None, free: int | None = None) -> str | None:
+    """Set the wait policy in ``environ`` unless the user set ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``:
+    ``OMP_WAIT_POLICY=PASSIVE`` where ``threads`` (``requested_threads``; None: chosen from the cores free) exceeds the
+    cores free now (``free``, else ``keepsight.cores.free_cores``), else ``GOMP_SPINCOUNT=SPINCOUNT``. Returns the value
+    set ("PASSIVE" or the spin count), or None where the user's setting stands. Effective only before torch is
+    imported."""
     if any(name in environ for name in USER_SETTINGS):
         return None
+    if threads is not None and threads > (free_cores() if free is None else free):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "PASSIVE"
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
     return SPINCOUNT

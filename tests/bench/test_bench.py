@@ -73,7 +73,7 @@ def test_baselines_bench_times_every_method(tmp_path):
 
 def test_threads_bench_times_each_count_beside_each_neighbour(tmp_path, monkeypatch):
     from keepsight.bench import threads
-    from keepsight.determinism import usable_cores
+    from keepsight.cores import usable_cores
     from keepsight.openmp import SPINCOUNT
 
     monkeypatch.setattr(threads, "NEIGHBOURS", {"none": None, "python loop": ("python",)})
@@ -89,4 +89,9 @@ def test_threads_bench_times_each_count_beside_each_neighbour(tmp_path, monkeypa
         assert (rows[("python loop", "auto", "keepsight")]["threads_used"][0]
                 < rows[("none", "auto", "keepsight")]["threads_used"][0])
     assert threads.wait_env("keepsight")["GOMP_SPINCOUNT"] == SPINCOUNT and "GOMP_SPINCOUNT" not in threads.wait_env("libgomp")
+    # each timing says what it ran under: keepsight's choice at its start (the brief spin where the cores suffice)
+    assert rows[("none", "1", "keepsight")]["ran_under"] == [f"spin{SPINCOUNT}"]
+    assert rows[("none", "1", "libgomp")]["ran_under"] == ["spin"]
+    assert threads.wait_env("keepsight", str(10**6))["OMP_WAIT_POLICY"] == "PASSIVE"  # more threads than cores free
+    assert threads.wait_env("spin", str(10**6))["GOMP_SPINCOUNT"] == SPINCOUNT
     assert json.loads((tmp_path / "threads.json").read_text())["benchmark"] == "threads"

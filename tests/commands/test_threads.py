@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from keepsight.cli import build_parser, main
-from keepsight.determinism import busy_note, free_cores, resolve_threads, usable_cores
+from keepsight.cores import free_cores, usable_cores
+from keepsight.determinism import busy_note, resolve_threads
 
 pytestmark = pytest.mark.skipif(usable_cores() < 2, reason="needs 2 cores: one for a busy neighbour, one for us")
 
@@ -73,11 +74,11 @@ def test_the_command_warns_and_gives_the_thread_count_back(neighbour, capsys):
 
 
 def test_a_container_quota_caps_the_cores(tmp_path, monkeypatch):
-    from keepsight import determinism
+    from keepsight import cores
 
     affinity = usable_cores()
     quota = tmp_path / "cpu.max"
-    monkeypatch.setattr(determinism, "CPU_QUOTA", quota)
+    monkeypatch.setattr(cores, "CPU_QUOTA", quota)
     assert usable_cores() == affinity  # no cgroup file: the affinity
     quota.write_text("max 100000\n")
     assert usable_cores() == affinity

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
                    "auto: the cores free when it starts (on a busy machine 1 thread can be several times faster)")
     d.add_argument("--reproduce", action="store_true", help="run the profile from nothing in a new temporary "
                    "directory (or --runs, new or empty) and compare its results.md with the published one "
-                   "(docs/results/<profile>.md), printing every number that moved; exit code 1 if any did")
+                   "(docs/results/<profile>.md), printing every number that moved (exit code 1 if any did) and the lines only the fresh run has")
     d.add_argument("--against", help="--reproduce: the results.md to compare with (default: the published one)")
     d.set_defaults(func=run)
 
