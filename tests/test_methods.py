@@ -118,29 +118,35 @@ def test_keepsight_declares_its_own_method_packages():
     assert declared["baselines"] == "keepsight.baselines" and declared["diffusion"] == "keepsight.diffusion"
 
 
-@pytest.mark.parametrize("name, where", [("steps", "cli"), ("sampler", "cli"), ("seed", "lmms"), ("baseline_x", "lmms")])
+@pytest.mark.parametrize("name, where", [("steps", "cli"), ("sampler", "cli"), ("max_new_tokens", "cli"),
+                                         ("data", "cli"), ("threads", "cli"), ("seed", "lmms"), ("baseline_x", "lmms"),
+                                         ("block", "lmms")])
 def test_a_method_named_like_keepsights_own_options_is_refused_by_name(name, where):
     """A diffusion method called like a command's option (``--steps``, ``--sampler.FIELD``) or a model argument of
     lmms-eval's (``seed=``, ``baseline_*``) could not be switched on: the command line and lmms-eval say which method
     (and which module registered it) instead of breaking or ignoring it."""
-    register_method(name, dataclasses.make_dataclass("NudgeConfig", [("scale", float, 1.0)]), lambda c: c,
-                    family="diffusion")
+    fields = [("length", int, 1)] if name == "block" else [("scale", float, 1.0)]  # block_length: a model argument
+    register_method(name, dataclasses.make_dataclass("NudgeConfig", fields), lambda c: c, family="diffusion")
     try:
         if where == "cli":
-            with pytest.raises(ValueError, match=rf"decoding method '{name}' \(registered by .*\): the command uses --{name}"):
+            with pytest.raises(ValueError, match=rf"decoding method '{name}' \(registered by .*\): the command uses "
+                                                 rf"--{name.replace('_', '-')}"):
                 build_parser()
-        with pytest.raises(ValueError, match=rf"diffusion method '{name}' \(registered by .*\) is named like one of "
-                                             "keepsight's own model arguments"):
-            KeepsightLMM(pretrained="unused")
+        if name not in ("data", "threads"):  # not model arguments of lmms-eval's
+            with pytest.raises(ValueError, match=rf"diffusion method '{name}' \(registered by .*\) is named like one "
+                                                 "of keepsight's own model arguments"):
+                KeepsightLMM(pretrained="unused")
     finally:
         METHODS.pop(name)
     build_parser()  # without it the commands build again
 
 
-def test_two_methods_whose_flat_settings_would_mix_are_refused():
+def test_two_diffusion_methods_whose_flat_settings_would_mix_are_refused():
     with pytest.raises(ValueError, match="could not be told from those of the registered method 'mps'"):
         register_method("mps_fast", *BASELINES["vcd"][::-1], family="diffusion")
     assert "mps_fast" not in METHODS
+    register_method("vcd_v2", *BASELINES["vcd"][::-1])  # autoregressive settings are baseline_FIELD: no mix
+    METHODS.pop("vcd_v2")
 
 
 @pytest.fixture

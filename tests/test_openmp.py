@@ -34,6 +34,9 @@ def test_set_wait_policy_on_a_mapping():
     assert set_wait_policy(env, threads=2, free=2) == SPINCOUNT and env == {"GOMP_SPINCOUNT": SPINCOUNT}
     env = {}  # a pinned 2 threads beside a busy neighbour on 2 cores: sleep, do not spin
     assert set_wait_policy(env, threads=2, free=1) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {}  # one thread always has a core's time slices to itself: it spins
+    assert set_wait_policy(env, threads=1, free=0) == SPINCOUNT
+    assert requested_threads(["demo", "--threads", "+3"]) == 3 and requested_threads(["demo", "--threads", "²"]) is None
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert set_wait_policy(env, threads=2, free=0) is None and env == {"OMP_WAIT_POLICY": "ACTIVE"}
 

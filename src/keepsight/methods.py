@@ -150,9 +150,9 @@ def register_method(name: str, config: type | None = None, build: Callable | Non
                          "'load')")
     if not set(requires) <= set(takes):
         raise ValueError(f"method {name!r}: requires {sorted(set(requires) - set(takes))}, which it does not take")
-    clash = next((m for m in METHODS if m != name and METHODS[m].stage == "decode"
+    clash = next((m for m, e in METHODS.items() if m != name and e.stage == "decode" and e.family == "diffusion"
                   and (m.startswith(f"{name}_") or name.startswith(f"{m}_"))), None)
-    if stage == "decode" and clash:
+    if stage == "decode" and family == "diffusion" and clash:  # only diffusion methods take NAME_FIELD arguments
         raise ValueError(f"method {name!r}: its settings' flat names ({name}_FIELD, lmms-eval's model arguments) could "
                          f"not be told from those of the registered method {clash!r}; register it under another name")
     for what, fn in (("check", check), ("attach", attach)):

@@ -31,7 +31,10 @@ def requested_threads(argv: list[str]) -> int | None:
         value = word.split("=", 1)[1] if word.startswith("--threads=") else (
             argv[i + 1] if word == "--threads" and i + 1 < len(argv) else None)
         if value is not None:
-            return int(value) if value.isdigit() else None
+            try:
+                return int(value)
+            except ValueError:  # auto (or a word the parser will refuse)
+                return None
     return next((n for path, n in PINNED_THREADS.items() if tuple(argv[:len(path)]) == path), None)
 
 
@@ -43,7 +46,7 @@ def set_wait_policy(environ=os.environ, threads: int | None = None, free: int | 
     imported."""
     if any(name in environ for name in USER_SETTINGS):
         return None
-    if threads is not None and threads > (free_cores() if free is None else free):
+    if threads is not None and threads > max(free_cores() if free is None else free, 1):  # 1 thread always runs
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
         return "PASSIVE"
     environ["GOMP_SPINCOUNT"] = SPINCOUNT

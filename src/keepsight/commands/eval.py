@@ -91,7 +91,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def method_args(g, required_model: bool = True) -> None:
-    """The model, its method and the decoding options (``eval generate`` and ``eval pope``)."""
+    """The model, its method and the decoding options (``eval generate`` and ``eval pope``); the decoding methods'
+    options come last (``add_method_options``), after every option of the command's own."""
     g.add_argument("--model", required=required_model, help="checkpoint directory (any supported architecture)")
     method = g.add_mutually_exclusive_group()
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
@@ -105,7 +106,6 @@ def method_args(g, required_model: bool = True) -> None:
     g.add_argument("--dtype", default="auto")
     g.add_argument("--device", default="auto")
     g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
-    add_method_options(g, ("autoregressive", "diffusion"))  # with the sampler's options
 
 
 def load_method(args) -> Pipeline:
@@ -132,6 +132,7 @@ def generate_parser(ev_sub) -> None:
     g.add_argument("--out", required=True, type=Path, help="predictions JSONL")
     g.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
     g.add_argument("--limit", type=positive_int, help="the first N rows only")
+    add_method_options(g, ("autoregressive", "diffusion"))  # with the sampler's options
     g.set_defaults(func=run_generate)
 
 
@@ -285,6 +286,7 @@ def pope_parser(ev_sub) -> None:
     pp.add_argument("--overwrite", action="store_true", help="replace an earlier eval pope's --out (kept whole until "
                     "the new one is complete)")
     method_args(pp, required_model=False)
+    add_method_options(pp, ("autoregressive", "diffusion"))
     pp.set_defaults(func=run_pope)
 
 

@@ -28,7 +28,7 @@ def title(entry) -> str:
 def add_method_options(parser, families: tuple[str, ...]) -> None:
     """``--baseline`` / ``--baseline-args`` (autoregressive, one baseline at a time), a ``--<method> [JSON]`` switch
     for each diffusion method (they stack), and every decoding method's ``--<method>.FIELD`` options of ``families``,
-    one help group per method."""
+    one help group per method. Call it after the command's own options: a method named like one is refused."""
     if "autoregressive" in families:
         parser.add_argument("--baseline", choices=method_names("decode", "autoregressive"),
                             help="a training-free decoding baseline (keepsight.baselines) on top of the model; "
@@ -52,11 +52,19 @@ def add_method_options(parser, families: tuple[str, ...]) -> None:
                                note=f"{entry.config.__name__}; any of these turns on {turns_on}")
 
 
+# options keepsight.cli gives every command after its own
+EVERY_COMMAND = ("threads",)
+
+
 def _refuse_taken(parser, name: str) -> None:
-    """A method whose options (``--NAME``, ``--NAME.FIELD``) the command already uses for its own is an error naming
-    the method and the module that registered it (argparse would refuse the parser, or the two would mix)."""
+    """A method whose options (``--NAME``, ``--NAME.FIELD``, the value ``NAME``) the command already uses for its own
+    is an error naming the method and the module that registered it (argparse would refuse the parser, or the two would
+    mix). Called after the command's own options (``add_method_options`` comes last)."""
     taken = sorted(o for o in parser._option_string_actions if o == f"--{name}" or o.startswith(f"--{name}."))
+    taken += sorted(a.option_strings[0] for a in parser._actions if a.dest == name and a.option_strings)
+    taken += [f"--{name}"] * (name in EVERY_COMMAND)
     if taken:
+        taken = sorted(set(taken))
         raise ValueError(f"decoding method {name!r} (registered by {get_method(name).config.__module__}): the command "
                          f"uses {', '.join(taken)} itself; register the method under another name")
 

@@ -114,10 +114,12 @@ class KeepsightLMM(Pipeline):
         del max_batch_size  # lmms-eval passes it for --batch_size auto, which is not supported
         decoding = {}
         for name in method_names("decode", "diffusion"):
-            if name in OWN_ARGUMENTS or any(name == p or name.startswith(f"{p}_") for p in FLAT_PREFIXES):
-                raise ValueError(f"diffusion method {name!r} (registered by {get_method(name).config.__module__}) is "
-                                 "named like one of keepsight's own model arguments; register it under another name")
             config = get_method(name).config
+            if (name in OWN_ARGUMENTS or any(name == p or name.startswith(f"{p}_") for p in FLAT_PREFIXES)
+                    or OWN_ARGUMENTS & {f"{name}_{k}" for k in config_keys(config)}):
+                raise ValueError(f"diffusion method {name!r} (registered by {get_method(name).config.__module__}) is "
+                                 "named like one of keepsight's own model arguments (or its settings are); register it "
+                                 "under another name")
             flat = {k[len(name) + 1:]: extra.pop(k) for k in list(extra) if k.startswith(f"{name}_")}
             defaults = config.paper_defaults() if hasattr(config, "paper_defaults") else {}
             settings = fix_settings(name, extra.pop(name, None), flat, config_keys(config), defaults)

@@ -62,7 +62,8 @@ def _timed_in_prose(line: str, number: str) -> bool:
 def compare_numbers(published: str, fresh: str) -> tuple[list[str], list[str]]:
     """``(moved, added)``: every number of ``published`` that ``fresh`` prints differently (or no longer prints), as
     readable lines (empty when the two agree on every number outside the timing columns); and the lines with numbers
-    that only ``fresh`` prints (a row or table added since the published run: new, not moved)."""
+    that only ``fresh`` prints where ``published`` has nothing in their place (a row or table added since the published
+    run: new, not moved; a changed row's new form counts with the moved)."""
     a = [ln for ln in published.splitlines() if not ln.startswith(PROVENANCE)]
     b = [ln for ln in fresh.splitlines() if not ln.startswith(PROVENANCE)]
     ann_a, ann_b = _annotate(a), _annotate(b)
@@ -80,7 +81,7 @@ def compare_numbers(published: str, fresh: str) -> tuple[list[str], list[str]]:
         for la, label, timing in ann_a[i1:i2]:
             if _numbers(la, timing):
                 moved.append(f"{label}: only in the published results: {la.strip()}")
-        for lb, label, timing in ann_b[j1:j2]:
+        for lb, label, timing in ann_b[j1:j2]:  # inserted lines are new; a replaced line's new form moved with it
             if _numbers(lb, timing):
-                added.append(f"{label}: only in the fresh run: {lb.strip()}")
+                (added if op == "insert" else moved).append(f"{label}: only in the fresh run: {lb.strip()}")
     return moved, added
