@@ -11,6 +11,7 @@ from keepsight.commands import eval as eval_command
 from keepsight.commands.method_options import baseline_choice, sampler_settings, switched_settings
 from keepsight.inference import get_method
 from keepsight.inference.arguments import config_keys
+from keepsight.inference.pipeline import MAX_NEW_TOKENS, pipeline_defaults
 from keepsight.integrations.lmms_eval import SAMPLER_KEYS
 from keepsight.world.models import save_tiny_checkpoint
 
@@ -105,6 +106,21 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--pai.alpha", "0.5"))
     assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["decoding"] == {}
+
+
+def test_evals_defaults_are_the_pipelines():
+    """``eval generate`` / ``eval pope`` show and pass the Pipeline's own defaults (lmms-eval gets the same ones)."""
+    defaults = pipeline_defaults()
+    args = _args()
+    assert (args.max_new_tokens, args.dtype, args.device, args.seed) == (
+        MAX_NEW_TOKENS, defaults["dtype"], defaults["device"], defaults["seed"])
+    assert f"new tokens an answer may take (default: {MAX_NEW_TOKENS})" in " ".join(_help("pope").split())
+
+
+def _help(command: str) -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["eval"]
+    return next(a for a in sub._actions if a.dest == "eval_command").choices[command].format_help()
 
 
 def test_world_eval_scores_equal_either_way(tmp_path):

@@ -43,6 +43,7 @@ from ..atomic import (
 )
 from ..data import Sample, open_dataset, open_image, preflight
 from ..inference import Pipeline, method_names
+from ..inference.pipeline import pipeline_defaults
 from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
@@ -100,12 +101,15 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
     g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token)")
     g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
-    g.add_argument("--max-new-tokens", type=positive_int, default=64)
-    g.add_argument("--batch-size", type=positive_int, default=8)
+    default = pipeline_defaults()  # the one place each is written
+    g.add_argument("--max-new-tokens", type=positive_int, default=default["max_new_tokens"],
+                   help="new tokens an answer may take (default: %(default)s)")
+    g.add_argument("--batch-size", type=positive_int, default=8, help="rows decoded together (default: %(default)s)")
     g.add_argument("--system-prompt", help="a system turn for rows without one")
-    g.add_argument("--dtype", default="auto")
-    g.add_argument("--device", default="auto")
-    g.add_argument("--seed", type=nonneg_int, default=0, help="diffusion sampling (pope: also the question draw)")
+    g.add_argument("--dtype", default=default["dtype"], help="the weights' dtype (default: %(default)s)")
+    g.add_argument("--device", default=default["device"], help="(default: %(default)s)")
+    g.add_argument("--seed", type=nonneg_int, default=default["seed"], help="diffusion sampling (pope: also the "
+                   "question draw; default: %(default)s)")
 
 
 def load_method(args) -> Pipeline:

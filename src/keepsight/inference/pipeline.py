@@ -18,6 +18,7 @@ their config's fields. Greedy decoding unless ``do_sample`` / ``temperature > 0`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from ..models.arch import check_finite, check_length, kind_of
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
 from .registry import METHODS, get_method, method_names
+
+MAX_NEW_TOKENS = 128  # new tokens a request may generate when it does not say (a task's gen_kwargs, --max-new-tokens)
 
 
 @dataclass
@@ -64,7 +67,7 @@ class Pipeline:
 
     def __init__(self, pretrained: str | os.PathLike, method: str = "none", pvm: str | os.PathLike | None = None,
                  baseline: str | None = None, baseline_args: dict | None = None, mps: dict | None = None,
-                 mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = 128,
+                 mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = MAX_NEW_TOKENS,
                  steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
                  cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
                  system_prompt: str | None = None, sampler: dict | None = None, decoding: dict | None = None):
@@ -85,7 +88,7 @@ class Pipeline:
         self._decoders.prepare(self._model, self.tokenizer)
 
     @classmethod
-    def from_model(cls, model, processor, max_new_tokens: int = 128, system_prompt: str | None = None,
+    def from_model(cls, model, processor, max_new_tokens: int = MAX_NEW_TOKENS, system_prompt: str | None = None,
                    baseline: str | None = None, baseline_args: dict | None = None) -> Pipeline:
         """A pipeline around an autoregressive ``model`` already in memory, used as it is: a world experiment's arm
         (the base with its method attached, or with a decoding method applied around the calls), a benchmark's model.
@@ -412,3 +415,10 @@ class Pipeline:
         target = ids[split:].to(logp.device)  # [C]
         total = float(logp.gather(-1, target[:, None]).sum())
         return total, bool((logp.argmax(-1) == target).all())
+
+
+def pipeline_defaults() -> dict:
+    """``{setting: default}`` of ``Pipeline``: what a command that passes a setting on shows as its default (one place
+    where each default is written)."""
+    return {k: p.default for k, p in inspect.signature(Pipeline.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
