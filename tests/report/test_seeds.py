@@ -84,3 +84,18 @@ def test_the_regime_describe_profile_keeps_the_arms_describing_beside_the_format
     p = PROFILES["regime-describe"]
     assert p.train == PROFILES["regime"].train and p.seeds == (0, 1, 2)  # the regime profile's bases
     assert p.pvm.train_tasks == ("describe", "describe_ask") and not p.pvm.instruct_mix
+
+
+def test_the_pvm_arms_are_also_compared_with_the_matched_lora():
+    """PVM against the LoRA of the same size, layers, data and steps (no new path to the image), paired by seed."""
+    def seed(pvm, lora):
+        return {"pvm": {"comparison": {a: {"description_regime_acc": v, "history_long_acc": 0.7, "yes_no_acc": 0.88}
+                                       for a, v in (("base", 0.6), ("lora", lora), ("pvm_sft", pvm),
+                                                    ("pvm_grpo", pvm), ("full_ft", 0.8))}}}
+
+    agg = aggregate([seed(0.705, 0.735), seed(0.600, 0.710), seed(0.760, 0.775)])
+    v = agg["verdicts"]["pvm_vs_lora"]
+    assert set(v) == {"pvm_sft", "pvm_grpo"}  # neither the base nor full fine-tuning
+    assert v["pvm_sft"]["description_regime_acc"]["over_seeds"] == 0  # -0.030 / -0.110 / -0.015: the t interval holds 0
+    assert v["pvm_sft"]["yes_no_acc"]["over_seeds"] == 0
+    assert "| pvm | pvm_sft | description_regime_acc | 0.688 [" in seeds_markdown(agg) and "| lora 0.740 [" in seeds_markdown(agg)

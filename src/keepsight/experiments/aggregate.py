@@ -52,6 +52,10 @@ VERDICTS = {
                 "seed_intervals": {"yes_no_acc": "arms.{arm}.all"}},
     "control_vs_lora": {"experiment": "control", "ref": "lora", "level": 1, "suffix": "", "only": "pvm_sft",
                         "metrics": {"yes_no_acc": "arms.{arm}.all.acc"}, "seed_intervals": {"yes_no_acc": "arms.{arm}.all"}},
+    # the PVM arms against the matched LoRA (same layers, data, steps and parameter count, no new path to the image):
+    # what PVM's memory adds beyond training that many parameters
+    "pvm_vs_lora": {"experiment": "pvm", "ref": "lora", "level": 1, "suffix": "", "only": "pvm", "metrics": {
+        m: f"comparison.{{arm}}.{m}" for m in ("description_regime_acc", "history_long_acc", "yes_no_acc")}},
 }
 
 
