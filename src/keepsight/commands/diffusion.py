@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     dtr.add_argument("--batch-size", type=positive_int, help=f"default: {DiffusionTrainConfig.batch_size}")
     dtr.add_argument("--answer-length", type=positive_int, help="generation window (answers cut / eos-filled; "
                      f"default: {DiffusionTrainConfig.answer_length})")
-    dtr.add_argument("--seed", type=nonneg_int, default=0)
+    dtr.add_argument("--seed", type=nonneg_int, default=DiffusionTrainConfig.seed,
+                    help="model initialisation, data order and the objective's randomness (default: %(default)s)")
     training_args(dtr)
     add_config_options(dtr, "train", DiffusionTrainConfig, skip=TRAIN_SHORT, title="training (--train.FIELD)",
                        note="every field of keepsight.train.diffusion.DiffusionTrainConfig not set above")

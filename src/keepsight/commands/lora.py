@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     lt.add_argument("--steps", type=positive_int, help=f"default: {LoRATrainConfig.steps}")
     lt.add_argument("--lr", type=positive_float, help=f"default: {LoRATrainConfig.lr}")
     lt.add_argument("--batch-size", type=positive_int, help=f"default: {LoRATrainConfig.batch_size}")
-    lt.add_argument("--seed", type=nonneg_int, default=0)
+    lt.add_argument("--seed", type=nonneg_int, default=LoRATrainConfig.seed,
+                    help="model initialisation, data order and the objective's randomness (default: %(default)s)")
     training_args(lt)
     add_config_options(lt, "pvm", PVMConfig, skip=PVM_SHORT, title="the PVM block to match (--pvm.FIELD)",
                        note="every field of keepsight.pvm.PVMConfig not set above")

@@ -85,7 +85,8 @@ def add_parser(sub) -> None:
                     f"{' '.join(WORLD_TASKS)})")
     pt.add_argument("--reward", nargs="+", help=f"grpo on your data: rewards against each row's last assistant turn "
                     f"({' | '.join(KINDS)}), or module:function (TRL's reward signature; default: {REWARDS[0]})")
-    pt.add_argument("--seed", type=nonneg_int, default=0)
+    pt.add_argument("--seed", type=nonneg_int, default=PVMTrainConfig.seed,
+                    help="model initialisation, data order and the objective's randomness (default: %(default)s)")
     training_args(pt)
     add_config_options(pt, "pvm", PVMConfig, skip=PVM_SHORT, title="sft: the PVM block (--pvm.FIELD)",
                        note="every field of keepsight.pvm.PVMConfig not set above")
