@@ -46,7 +46,9 @@ def set_wait_policy(environ=os.environ, threads: int | None = None, free: int | 
     imported."""
     if any(name in environ for name in USER_SETTINGS):
         return None
-    if threads is not None and threads > max(free_cores() if free is None else free, 1):  # 1 thread always runs
+    # the most cores free over 0.2 s: a moment's work at start (the disk catching up after an install) is no neighbour
+    free = free_cores(samples=11, interval=0.02) if free is None else free
+    if threads is not None and threads > max(free, 1):  # 1 thread always runs
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
         return "PASSIVE"
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
