@@ -47,8 +47,7 @@ def set_wait_policy(environ=os.environ, threads: int | None = None, free: int | 
     if any(name in environ for name in USER_SETTINGS):
         return None
     # the most cores free over 0.2 s: a moment's work at start (the disk catching up after an install) is no neighbour
-    free = free_cores(samples=11, interval=0.02) if free is None else free
-    if threads is not None and threads > max(free, 1):  # 1 thread always runs
+    if threads is not None and threads > max(free_cores(samples=11, interval=0.02) if free is None else free, 1):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
         return "PASSIVE"
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
