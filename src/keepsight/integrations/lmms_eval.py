@@ -115,14 +115,15 @@ class KeepsightLMM(Pipeline):
         decoding = {}
         for name in method_names("decode", "diffusion"):
             config = get_method(name).config
+            keys = config_keys(config)
             if (name in OWN_ARGUMENTS or any(name == p or name.startswith(f"{p}_") for p in FLAT_PREFIXES)
-                    or OWN_ARGUMENTS & {f"{name}_{k}" for k in config_keys(config)}):
-                raise ValueError(f"diffusion method {name!r} (registered by {get_method(name).config.__module__}) is "
+                    or OWN_ARGUMENTS & {f"{name}_{k}" for k in keys}):
+                raise ValueError(f"diffusion method {name!r} (registered by {config.__module__}) is "
                                  "named like one of keepsight's own model arguments (or its settings are); register it "
                                  "under another name")
             flat = {k[len(name) + 1:]: extra.pop(k) for k in list(extra) if k.startswith(f"{name}_")}
             defaults = config.paper_defaults() if hasattr(config, "paper_defaults") else {}
-            settings = fix_settings(name, extra.pop(name, None), flat, config_keys(config), defaults)
+            settings = fix_settings(name, extra.pop(name, None), flat, keys, defaults)
             if settings is not None:
                 decoding[name] = settings
         baseline_flat = {k[9:]: extra.pop(k) for k in list(extra) if k.startswith("baseline_")}
