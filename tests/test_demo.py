@@ -5,6 +5,7 @@ import math
 import pytest
 
 from keepsight.demo import cache_key, run_demo
+from keepsight.openmp import wait_policy
 from keepsight.profiles import PROFILE_HELP, PROFILES
 from smoke_pins import PINS, pick
 
@@ -45,6 +46,7 @@ def test_demo_smoke_writes_results_and_reuses_the_cached_model(tmp_path, capsys,
     assert (out / "pvm_text_regimes.png").is_file() and "accuracy as text grows, per arm" in html
     md = (out / "results.md").read_text()
     assert "| its own description (" in md
+    assert f"OpenMP threads wait: {wait_policy()};" in md  # how the run's threads waited (slow under a wrong one)
     # and the length of each arm's own description stands beside it (less text is not more access to the image)
     words = pvm["comparison"]["pvm_sft"]["description_words"]
     assert words == pvm["arms"]["pvm_sft"]["after_description"]["description_words"] > 0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from keepsight.cli import build_parser
-from keepsight.openmp import PINNED_THREADS, SPINCOUNT, requested_threads, set_wait_policy
+from keepsight.openmp import PINNED_THREADS, SPINCOUNT, requested_threads, set_wait_policy, wait_policy
 
 PROBE = ("import sys, os; assert 'torch' not in sys.modules; sys.argv = ['keepsight', *{argv!r}]; "
          "import keepsight.launch; assert 'torch' in sys.modules; "
@@ -39,6 +39,14 @@ def test_set_wait_policy_on_a_mapping():
     assert requested_threads(["demo", "--threads", "+3"]) == 3 and requested_threads(["demo", "--threads", "²"]) is None
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert set_wait_policy(env, threads=2, free=0) is None and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_a_run_states_how_its_threads_waited():
+    env: dict = {}
+    assert wait_policy(env) == "libgomp's default"
+    set_wait_policy(env, threads=2, free=1)
+    assert wait_policy(env) == "OMP_WAIT_POLICY=PASSIVE"
+    assert wait_policy({"GOMP_SPINCOUNT": SPINCOUNT}) == f"GOMP_SPINCOUNT={SPINCOUNT}"
 
 
 def test_the_threads_a_command_will_run_at_are_read_from_its_words():

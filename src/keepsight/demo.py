@@ -28,6 +28,7 @@ from .experiments.pvm import run_pvm_experiment
 from .experiments.pvm_control import run_pvm_control
 from .fingerprint import digest
 from .models import load_checkpoint
+from .openmp import wait_policy
 from .profiles import PROFILES, DemoProfile
 from .report.base import base_sections, diagnosis_section
 from .report.baselines import baselines_markdown, baselines_report
@@ -196,11 +197,12 @@ def provenance_markdown(results: dict) -> str:
              f"{len(caches['reused'])} cached models reused"
              + (f", {len(caches['reused_from_other_code'])} of them trained by other code"
                 if caches["reused_from_other_code"] else ", all trained by this code"))
+    waits = f"OpenMP threads wait: {prov['openmp']}; " if prov.get("openmp") else ""  # runs before it: not recorded
     return (f"Produced by `{prov['command']}` from keepsight {commit} (source {code['source']}); "
             f"{env['threads']} threads, deterministic algorithms {'on' if env['deterministic'] else 'off'}, "
             f"torch {pk['torch']}, transformers {pk['transformers']}, {env['machine']} {env['cpu_capability']}"
             f"{' ' + env['cpu_vendor'] if env.get('cpu_vendor') else ''}; "
-            f"{reuse}.\n")
+            f"{waits}{reuse}.\n")
 
 
 def run_demo(profile_name: str = "full", runs_dir: str | Path = "runs", name: str | None = None,
@@ -260,7 +262,7 @@ def _run_profile(profile: DemoProfile, runs_dir: Path, out: Path, retrain: bool,
         "profile": profile.name,
         "world": cfg.to_dict(),
         "provenance": {"command": command, "code": {k: code[k] for k in ("source", "git")}, "environment": env,
-                       "caches": cache_provenance([Path(r["model_dir"]) for r in runs], t0)},
+                       "openmp": wait_policy(), "caches": cache_provenance([Path(r["model_dir"]) for r in runs], t0)},
         **{k: v for k, v in first.items() if k != "timings"},
         **({"seeds": runs, "aggregate": aggregate(runs)} if len(runs) > 1 else {}),
         "timings": {**first["timings"], "per_seed_s": [r["timings"]["total_s"] for r in runs],

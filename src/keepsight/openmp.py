@@ -23,6 +23,13 @@ USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # a user who set either k
 PINNED_THREADS = {("demo",): DEFAULT_THREADS, ("world", "train"): DEFAULT_THREADS}
 
 
+def wait_policy(environ=os.environ) -> str:
+    """How this process's OpenMP threads wait, as a run's provenance states it: ``OMP_WAIT_POLICY=...`` or
+    ``GOMP_SPINCOUNT=...`` as set (by ``set_wait_policy`` or the user), or libgomp's default where neither is."""
+    settings = [f"{name}={environ[name]}" for name in USER_SETTINGS if name in environ]
+    return ", ".join(settings) or "libgomp's default"
+
+
 def requested_threads(argv: list[str]) -> int | None:
     """The intra-op threads the command ``argv`` (the words after ``keepsight``) will run at, read before its parser
     exists: its ``--threads N``, or its pinned default (``PINNED_THREADS``); None where it chooses from the cores free
