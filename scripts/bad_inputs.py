@@ -388,7 +388,7 @@ CLI_CASES: list[dict] = [
       for m, field, args in (("vcd", "alpha", '{"alpha": -1}'), ("vcd", "noise_step", '{"noise_step": 5000}'),
                              ("vcd", "nope", '{"nope": 1}'), ("pai", "layers", '{"layers": [99]}'),
                              ("pai", "alpha", '{"alpha": "nan"}'), ("memvr", "threshold", '{"threshold": -1}'),
-                             ("memvr", "inject_layer", '{"inject_layer": 99}'), ("deco", "layers", '{"layers": [99]}'),
+                             ("memvr", "end_layer", '{"end_layer": 99}'), ("deco", "layers", '{"layers": [99]}'),
                              ("deco", "alpha", '{"alpha": -0.5}'))],
     cli("loss:eval-generate-out-is-data", "eval generate --model {M} --data {copy:J} --image-folder {W} "
         "--out {copy:J} --max-new-tokens 2", ["--out", "--data"], keep=["{copy:J}"]),
@@ -519,18 +519,21 @@ API_CASES: list[dict] = [
     # ---------------------------------------------------------------- MaskPriorSuppression (fit, apply, forward)
     *[api("MaskPriorSuppression", lam=v, expect=["lam"]) for v in (-1, 5, NAN, "0.1", INF)],
     *[api("MaskPriorSuppression", k=v, expect=["k"]) for v in (0, "3", 2.5, -1, 10**6)],
-    api("MaskPriorSuppression", layers=[99], expect=["layers", "99"]),
-    api("MaskPriorSuppression", layers="x", expect=["layers"]),
-    api("MaskPriorSuppression", prior="x", expect=["prior"]),
-    api("MaskPriorSuppression", n_prior_tokens=0, expect=["n_prior_tokens"]),
-    api("MaskPriorSuppression", center="yes", expect=["center"]),
+    # our earlier reading (keepsight.diffusion.readings.ProjectionMPS): its own settings
+    api("MaskPriorSuppression", reading=True, layers=[99], expect=["layers", "99"]),
+    api("MaskPriorSuppression", reading=True, layers="x", expect=["layers"]),
+    api("MaskPriorSuppression", reading=True, prior="x", expect=["prior"]),
+    api("MaskPriorSuppression", reading=True, n_prior_tokens=0, expect=["n_prior_tokens"]),
+    api("MaskPriorSuppression", reading=True, center="yes", expect=["center"]),
+    api("MaskPriorSuppression", prior="topk", expect=["prior"]),  # a reading's setting given to the released MPS
     api("MaskPriorSuppression", bogus=1, expect=["bogus"]),
     # ---------------------------------------------------------------- MonotonicRoPEScaling (apply, forward)
     *[api("MonotonicRoPEScaling", beta=v, expect=["beta"]) for v in (NAN, -1, 1e9, "0.1", INF)],
     *[api("MonotonicRoPEScaling", eta=v, expect=["eta"]) for v in (NAN, -1, INF)],
     *[api("MonotonicRoPEScaling", tau0=v, expect=["tau0"]) for v in (2, -1, NAN)],
     api("MonotonicRoPEScaling", schedule="x", expect=["schedule"]),
-    api("MonotonicRoPEScaling", mode="x", expect=["mode"]),
+    api("MonotonicRoPEScaling", reading=True, mode="x", expect=["mode"]),
+    api("MonotonicRoPEScaling", mode="amplitude", expect=["mode"]),  # a reading's setting given to the released MRS
     api("MonotonicRoPEScaling", segments=["x"], expect=["segments"]),
     api("MonotonicRoPEScaling", segments=[], expect=["segments"]),
     api("MonotonicRoPEScaling", segments=["generation"], no_gen_start=True, expect=["gen_start"]),
@@ -602,8 +605,8 @@ API_CASES: list[dict] = [
     *[api("baseline", name, **{k: v}, expect=[k]) for name, k, v in (
         ("vcd", "alpha", -1.0), ("vcd", "alpha", NAN), ("vcd", "beta", 2.0), ("vcd", "noise_step", -1),
         ("vcd", "noise_step", 1001), ("pai", "alpha", -0.5), ("pai", "gamma", NAN), ("pai", "layers", [99]),
-        ("pai", "rows", "every"), ("memvr", "alpha", INF), ("memvr", "threshold", NAN), ("memvr", "inject_layer", 99),
-        ("memvr", "probe_layer", -99), ("deco", "alpha", -1.0), ("deco", "layers", [99]), ("deco", "top_p", 1.5),
+        ("pai", "rows", "every"), ("memvr", "ratio", INF), ("memvr", "threshold", NAN), ("memvr", "ratio", 1.5),
+        ("memvr", "start_layer", -99), ("deco", "alpha", -1.0), ("deco", "layers", [99]), ("deco", "top_p", 1.5),
         ("deco", "top_k", 0))],
     api("baseline", "vcd", alpha=0.0, valid=True, tag="'vcd', alpha=0.0 (identity)"),
     # ---------------------------------------------------------------- the Python API's argument types (issue 39)
@@ -695,26 +698,28 @@ def h_lia_mtr(fx, **kw):
     return {"bad": _nan(y), "note": f"constructed, output {tuple(y.shape)} (decays {cfg.lambda_values()})"}
 
 
-def h_mps(fx, **kw):
+def h_mps(fx, reading: bool = False, **kw):
     import torch
 
     from keepsight.diffusion import MaskPriorSuppression
+    from keepsight.diffusion.readings import ProjectionMPS
 
     lm, tok = _llada_lm()
-    mps = MaskPriorSuppression(**kw).fit(lm, tok)
+    mps = (ProjectionMPS if reading else MaskPriorSuppression)(**kw).fit(lm, tok)
     ids = _masked_prompt(tok)
     with torch.no_grad(), mps.apply(lm):
         logits = lm(ids).logits
     return {"bad": _nan(logits), "note": f"fitted and applied with {mps.config}"}
 
 
-def h_mrs(fx, no_gen_start: bool = False, at: int | None = None, **kw):
+def h_mrs(fx, no_gen_start: bool = False, at: int | None = None, reading: bool = False, **kw):
     import torch
 
     from keepsight.diffusion import MonotonicRoPEScaling
+    from keepsight.diffusion.readings import RoPEGains
 
     lm, tok = _llada_lm()
-    mrs = MonotonicRoPEScaling(**kw)
+    mrs = (RoPEGains if reading else MonotonicRoPEScaling)(**kw)
     ids = _masked_prompt(tok)
     start = None if no_gen_start else ids.shape[1] - 4 if at is None else at
     with torch.no_grad(), mrs.apply(lm, gen_start=start):

@@ -11,9 +11,18 @@ from PIL import Image
 from families import registered_settings
 from keepsight.baselines import DeCo, MemVR, build_baseline, distort
 from keepsight.baselines.deco import default_layers
+from keepsight.baselines.readings import (
+    MEMVR_SOFTMAX,
+    READINGS,
+    VCD_LINEAR,
+    MemVRSoftmax,
+    linear_alpha_bar,
+    pai_paper_alpha,
+)
 from keepsight.baselines.vcd import alpha_bar
 from keepsight.data import Sample, padding_side, render_prompt
-from keepsight.inference import build_method
+from keepsight.inference import Decoders, build_method
+from keepsight.methods import METHODS
 from keepsight.models import load_checkpoint
 from keepsight.models.arch import arch_info
 from tiny_checkpoints import save_tiny_checkpoint
@@ -98,7 +107,7 @@ def test_vcd_equals_two_plain_forwards_combined(setup):
     model, processor, batch, _ = setup
     alpha, beta = 1.0, 0.1
     grid = batch.get("image_grid_thw")
-    noisy = distort(batch["pixel_values"], 500, 0, grid)
+    noisy = distort(batch["pixel_values"], alpha_bar(500), 0, grid)
 
     def reference(enc):
         a = _plain_last(model, enc)
@@ -113,9 +122,36 @@ def test_vcd_equals_two_plain_forwards_combined(setup):
     assert alpha_bar(500) == pytest.approx(math.prod(1 - b for b in sig[:501]), rel=1e-5)
     assert alpha_bar(500) == pytest.approx(0.7448, abs=1e-4)
     ab = math.prod(1 - (1e-4 + (0.02 - 1e-4) * s / 999) for s in range(501))
-    assert alpha_bar(500, schedule="linear") == pytest.approx(ab, rel=1e-9)
+    assert linear_alpha_bar(500) == pytest.approx(ab, rel=1e-9)
     assert not torch.equal(noisy, batch["pixel_values"])
-    assert build_baseline("vcd").config.schedule == "sigmoid"
+    assert build_baseline("vcd").alpha_bar() == alpha_bar(500)
+
+
+def test_the_linear_schedule_reading_distorts_with_its_own_noise_level(setup):
+    model, processor, batch, _ = setup
+    alpha, beta = 1.0, 0.1
+    noisy = distort(batch["pixel_values"], linear_alpha_bar(500), 0, batch.get("image_grid_thw"))
+
+    def reference(enc):
+        a = _plain_last(model, enc)
+        out = (1 + alpha) * a - alpha * _plain_last(model, {**enc, "pixel_values": noisy})
+        p = a.softmax(-1)
+        return out.masked_fill(p < beta * p.max(-1, keepdim=True).values, float("-inf"))
+
+    decoders = Decoders([(VCD_LINEAR, {"alpha": alpha, "beta": beta})], family="autoregressive")
+    _check_steps(model, processor, batch, decoders.get("vcd_linear"), reference)
+
+
+def test_the_readings_stay_outside_the_registry():
+    # the command line, lmms-eval and the support matrix list the registry: a reading must not reach them
+    assert not set(READINGS) & set(METHODS) and {"vcd_linear", "memvr_softmax"} == set(READINGS)
+    assert (pai_paper_alpha().alpha, pai_paper_alpha(gamma=0.0).gamma) == (0.5, 0.0)  # a setting of the released PAI
+    with pytest.raises(ValueError, match="unknown method 'vcd_linear'"):
+        Decoders([("vcd_linear", {})])
+    with pytest.raises(ValueError, match="memvr_softmax: .*unexpected keyword argument 'ratio'"):
+        Decoders([(MEMVR_SOFTMAX, {"ratio": 0.5})])  # the reading's own fields, not the released method's
+    with pytest.raises(ValueError, match="vcd_linear is a autoregressive method .* of family 'diffusion'"):
+        Decoders([(VCD_LINEAR, {})], family="diffusion")
 
 
 def _text_only(processor, model, enc):
@@ -264,10 +300,10 @@ def test_memvr_equals_the_ffn_memory_by_hand(setup):
         finally:
             handle.remove()
 
-    method = MemVR(variant="softmax", alpha=alpha, threshold=0.0, rows="after_image")
+    method = MemVRSoftmax(alpha=alpha, threshold=0.0, rows="after_image")
     _check_steps(model, processor, batch, method, reference)
     assert method.stats()["triggered"] > 0  # threshold 0: every position after the image retraced
-    paper = MemVR(variant="softmax", alpha=alpha, threshold=0.0)  # the default rows: the prefill's last position, then each new token
+    paper = MemVRSoftmax(alpha=alpha, threshold=0.0)  # the default rows: the prefill's last position, then each new token
     with paper.apply(model):
         first = _gen(model, processor, batch).logits[0]
     ids = batch["input_ids"]
@@ -396,17 +432,15 @@ def test_bad_input_is_named(setup):
     with pytest.raises(ValueError, match="layer 99 is out of range"):
         with build_baseline("pai", layers=[99]).apply(model):
             pass
-    for field in ("inject_layer", "probe_layer"):  # the softmax variant's fields, silently unused by the released one
-        with pytest.raises(ValueError, match=f"{field} apply only to variant 'softmax'"):
+    for field in ("inject_layer", "probe_layer", "variant"):  # the softmax reading's fields are not the released one's
+        with pytest.raises(ValueError, match=f"memvr: .*unexpected keyword argument '{field}'"):
             build_baseline("memvr", **{field: 1})
     with pytest.raises(ValueError, match="probe_layer 3 must come before inject_layer 1"):
-        with build_baseline("memvr", variant="softmax", inject_layer=1, probe_layer=3).apply(model):
+        with MemVRSoftmax(inject_layer=1, probe_layer=3).apply(model):
             pass
     with pytest.raises(ValueError, match="end_layer 40 is out of range"):
         with build_baseline("memvr", end_layer=40).apply(model):
             pass
-    with pytest.raises(ValueError, match="variant must be one of"):
-        build_baseline("memvr", variant="paper")
     with pytest.raises(ValueError, match="deco: .*unexpected keyword"):
         build_baseline("deco", strength=1)
 

@@ -23,10 +23,10 @@ def _args(*extra):
 
 
 def test_dotted_options_are_the_json_settings():
-    dotted = baseline_choice(_args("--vcd.alpha", "0.5", "--vcd.seed", "3", "--vcd.schedule", "linear"))
+    dotted = baseline_choice(_args("--vcd.alpha", "0.5", "--vcd.seed", "3", "--vcd.noise_step", "400"))
     given = baseline_choice(_args("--baseline", "vcd", "--baseline-args",
-                                  '{"alpha": 0.5, "seed": 3, "schedule": "linear"}'))
-    assert dotted == given == ("vcd", {"alpha": 0.5, "seed": 3, "schedule": "linear"})
+                                  '{"alpha": 0.5, "seed": 3, "noise_step": 400}'))
+    assert dotted == given == ("vcd", {"alpha": 0.5, "seed": 3, "noise_step": 400})
     assert baseline_choice(_args("--baseline", "pai", "--pai.layers", "3", "4", "--no-pai.amplify_prefill")) == \
         ("pai", {"layers": [3, 4], "amplify_prefill": False})
     merged = baseline_choice(_args("--baseline", "deco", "--baseline-args", '{"alpha": 0.6}', "--deco.top_k", "5"))
@@ -37,8 +37,8 @@ def test_dotted_options_are_the_json_settings():
 def test_the_diffusion_switches():
     assert switched_settings(_args(), "mps") is None and switched_settings(_args("--mps"), "mps") == {}
     assert switched_settings(_args("--mps.k", "5"), "mps") == {"k": 5}  # an option turns MPS on
-    assert switched_settings(_args("--mps.layers", "1", "2"), "mps") == {"layers": [1, 2]}
-    assert switched_settings(_args("--mps.layers", "final"), "mps") == {"layers": "final"}
+    assert switched_settings(_args("--mrs.segments", "visual", "generation"), "mrs") == \
+        {"segments": ["visual", "generation"]}
     assert switched_settings(_args("--mrs", '{"eta": 12}', "--mrs.beta", "0.02"), "mrs") == {"eta": 12, "beta": 0.02}
 
 
@@ -52,7 +52,7 @@ def test_the_diffusion_switches():
     (["--mps.k", "5"], "are for --diffusion"),
     (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
     (["--diffusion", "--mps.k", "0"], "k must be"),
-    (["--diffusion", "--mrs.mode", "sideways"], "mode"),
+    (["--diffusion", "--mrs.schedule", "sideways"], "unknown schedule 'sideways'"),
     (["--sampler.cache", "prompt"], "--sampler.*, --steps and --block-length are for --diffusion"),
     (["--diffusion", "--sampler.cache", "all"], "cache must be one of"),
     (["--diffusion", "--sampler.cache", "prompt", "--sampler.refresh_every", "2"], "cache='prompt' records the prompt"),
@@ -72,8 +72,7 @@ def test_the_command_line_and_lmms_eval_read_a_setting_with_one_converter():
     """``--<method>.FIELD`` words and lmms-eval's ``<method>_FIELD=`` strings go through the same converter
     (``field_converter``): the same settings, the same words accepted."""
     mps_keys, mrs_keys = (config_keys(get_method(n).config) for n in ("mps", "mrs"))
-    cases = [("mps", mps_keys, ["--mps.layers", "-2", "-1", "--mps.k", "5"], {"layers": "[-2, -1]", "k": "5"}),
-             ("mps", mps_keys, ["--mps.layers", "final"], {"layers": "final"}),
+    cases = [("mps", mps_keys, ["--mps.lam", "0.2", "--mps.k", "5"], {"lam": "0.2", "k": "5"}),
              ("mrs", mrs_keys, ["--mrs.segments", "visual", "gen", "--mrs.beta", "0.02"],
               {"segments": "visual;gen", "beta": "0.02"})]
     for name, keys, words, model_args in cases:

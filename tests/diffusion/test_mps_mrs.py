@@ -15,7 +15,14 @@ from keepsight.diffusion import (
     lone_mask_top_tokens,
     prior_cosine,
 )
-from keepsight.diffusion.mps import real_vocab_ids
+from keepsight.diffusion.readings import (
+    MPS_PROJECTION,
+    MRS_GAINS,
+    READINGS,
+    ProjectionMPS,
+    RoPEGains,
+    real_vocab_ids,
+)
 from keepsight.models import decoder_stack
 from keepsight.ops.rope import (
     SCHEDULES,
@@ -80,7 +87,7 @@ def test_mrs_hook_scales_the_models_rotary_output_and_is_removed(lm):
     rotary = decoder_stack(lm).rotary_emb
     x, pos = torch.zeros(1, 6, 128), torch.arange(6)[None]
     cos, sin = rotary(x, pos)  # [1, 6, 32]
-    mrs = MonotonicRoPEScaling(beta=0.3, mode="amplitude")
+    mrs = RoPEGains(beta=0.3, mode="amplitude")
     factor = torch.cat([mrs.gains(32).sqrt()] * 2).float()  # [32]
     with mrs.apply(lm):
         cos2, sin2 = rotary(x, pos)
@@ -94,10 +101,14 @@ def test_mrs_hook_scales_the_models_rotary_output_and_is_removed(lm):
 def test_beta_zero_is_bit_identical_on_the_vlm(vlm, vlm_inputs, mode, segments):
     base = vlm(**vlm_inputs).logits
     gen_start = vlm_inputs["input_ids"].shape[1] - 4
-    with MonotonicRoPEScaling(beta=0.0, mode=mode, segments=segments).apply(vlm, gen_start=gen_start):
+    def mrs(beta):  # the released angle scales, or one of our readings' gains
+        return (MonotonicRoPEScaling(beta=beta, segments=segments) if mode == "angle" else
+                RoPEGains(beta=beta, mode=mode, segments=segments))
+
+    with mrs(0.0).apply(vlm, gen_start=gen_start):
         same = vlm(**vlm_inputs).logits
     assert torch.equal(same, base)
-    with MonotonicRoPEScaling(beta=2.0, mode=mode, segments=segments).apply(vlm, gen_start=gen_start):
+    with mrs(2.0).apply(vlm, gen_start=gen_start):
         assert not torch.allclose(vlm(**vlm_inputs).logits, base)
     assert torch.equal(vlm(**vlm_inputs).logits, base)  # restored
 
@@ -105,7 +116,7 @@ def test_beta_zero_is_bit_identical_on_the_vlm(vlm, vlm_inputs, mode, segments):
 def test_frequency_mode_divides_inv_freq_by_the_gains(lm, vlm, vlm_inputs):
     rotary = decoder_stack(lm).rotary_emb
     original = rotary.inv_freq.clone()
-    mrs = MonotonicRoPEScaling(beta=0.5, mode="frequency")
+    mrs = RoPEGains(beta=0.5, mode="frequency")
     with mrs.apply(lm):
         torch.testing.assert_close(rotary.inv_freq, (original.double() / mrs.gains(32)).float())
     assert torch.equal(rotary.inv_freq, original)
@@ -114,7 +125,7 @@ def test_frequency_mode_divides_inv_freq_by_the_gains(lm, vlm, vlm_inputs):
     ids = vlm_inputs["input_ids"]
     T, gen_start = ids.shape[1], ids.shape[1] - 4
     seen = []
-    with MonotonicRoPEScaling(beta=0.5, mode="frequency", segments="generation").apply(vlm, gen_start=gen_start):
+    with RoPEGains(beta=0.5, mode="frequency", segments="generation").apply(vlm, gen_start=gen_start):
         handle = rot.register_forward_hook(lambda m, a, o: seen.append(o[0]))  # runs after the MRS hook
         try:
             vlm(**vlm_inputs)
@@ -178,7 +189,7 @@ def _layer_outputs_by_hand(model, e):
 
 
 def test_prior_subspace_is_the_top_pca_directions_of_the_layer_states(lm, processor):
-    mps = MaskPriorSuppression(variant="projection", k=3).fit(lm, processor.tokenizer)
+    mps = ProjectionMPS(k=3).fit(lm, processor.tokenizer)
     U = mps.U  # [d, k]
     torch.testing.assert_close(U.T @ U, torch.eye(3), atol=1e-5, rtol=0)
     emb = lm.model.embed_tokens.weight.detach()
@@ -194,7 +205,7 @@ def test_prior_subspace_is_the_top_pca_directions_of_the_layer_states(lm, proces
 @pytest.mark.parametrize("center", [False, True])
 def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, vlm_inputs, processor, center):
     lam = 0.3
-    mps = MaskPriorSuppression(variant="projection", k=3, lam=lam, center=center).fit(vlm, processor.tokenizer)
+    mps = ProjectionMPS(k=3, lam=lam, center=center).fit(vlm, processor.tokenizer)
     stack = decoder_stack(vlm)
     grabbed = []
     handle = stack.norm.register_forward_pre_hook(lambda m, a: grabbed.append(a[0][0].detach()))  # [T, d]
@@ -202,7 +213,7 @@ def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, 
         base = vlm(**vlm_inputs).logits
         with mps.apply(vlm):
             vlm(**vlm_inputs)
-        with MaskPriorSuppression(variant="projection", k=3, lam=0.0, center=center).fit(vlm,
+        with ProjectionMPS(k=3, lam=0.0, center=center).fit(vlm,
                                                                                         processor.tokenizer).apply(vlm):
             assert torch.equal(vlm(**vlm_inputs).logits, base)  # lam = 0: bit-identical
     finally:
@@ -220,7 +231,7 @@ def test_suppression_removes_lam_of_the_prior_component_at_mask_slots_only(vlm, 
 
 
 def test_diagnostics(lm, processor):
-    mps = MaskPriorSuppression(variant="projection", k=2).fit(lm, processor.tokenizer)
+    mps = ProjectionMPS(k=2).fit(lm, processor.tokenizer)
     inside = torch.randn(2) @ mps.U.T  # in the subspace
     outside = torch.randn(128)
     outside -= mps.U @ (mps.U.T @ outside)
@@ -232,17 +243,16 @@ def test_diagnostics(lm, processor):
 
 def test_priors_layers_and_cache(lm, processor, tmp_path, monkeypatch):
     tok = processor.tokenizer
-    proj = dict(variant="projection")
-    rnd = MaskPriorSuppression(k=4, prior="random", seed=1, **proj).fit(lm, tok)
+    rnd = ProjectionMPS(k=4, prior="random", seed=1).fit(lm, tok)
     torch.testing.assert_close(rnd.U.T @ rnd.U, torch.eye(4), atol=1e-5, rtol=0)
-    assert torch.equal(rnd.U, MaskPriorSuppression(k=4, prior="random", seed=1, **proj).fit(lm, tok).U)
+    assert torch.equal(rnd.U, ProjectionMPS(k=4, prior="random", seed=1).fit(lm, tok).U)
     freqs = torch.zeros(len(tok))
     freqs[[20, 30, 40]] = torch.tensor([5.0, 9.0, 7.0])
-    top = MaskPriorSuppression(prior="topk", n_prior_tokens=2, **proj).fit(lm, tok, token_frequencies=freqs)
+    top = ProjectionMPS(prior="topk", n_prior_tokens=2).fit(lm, tok, token_frequencies=freqs)
     assert top.prior_tokens.tolist() == [30, 40]
-    assert len(MaskPriorSuppression(prior="topk", n_prior_tokens=5, **proj).fit(lm, tok).prior_tokens) == 5
+    assert len(ProjectionMPS(prior="topk", n_prior_tokens=5).fit(lm, tok).prior_tokens) == 5
     ids = torch.tensor([[1, 20, 4, 4, 30]])
-    with MaskPriorSuppression(layers=[0, -1], lam=0.5, **proj).fit(lm, tok).apply(lm):
+    with ProjectionMPS(layers=[0, -1], lam=0.5).fit(lm, tok).apply(lm):
         assert sum(bool(layer._forward_hooks) for layer in lm.model.layers) == 2
         lm(ids)
     assert not any(layer._forward_hooks for layer in lm.model.layers)
@@ -272,8 +282,8 @@ def test_mps_bad_arguments(lm, processor):
     with pytest.raises(ValueError, match="no mask token"):
         MaskPriorSuppression(k=1).fit(LladaForMaskedDiffusion(cfg), _tokenizer_without_mask())
     with pytest.raises(ValueError, match="out of range"):
-        MaskPriorSuppression(variant="projection", layers=[7]).fit(lm, processor.tokenizer)
-    with pytest.raises(ValueError, match="layers applies only to variant 'projection'"):
+        ProjectionMPS(layers=[7]).fit(lm, processor.tokenizer)
+    with pytest.raises(ValueError, match="unexpected keyword argument 'layers'"):  # a reading's setting
         MaskPriorSuppression(layers=[1])
     with pytest.raises(ValueError, match="fit"):
         with MaskPriorSuppression().apply(lm):
@@ -307,7 +317,7 @@ def test_with_k_below_the_rank_only_the_top_k_principal_directions_are_removed(p
 
     deep = build_llada_lm(processor.tokenizer, dataclasses.replace(get_preset("tiny-llava"), text_layers=8))
     tok = processor.tokenizer
-    mps = MaskPriorSuppression(variant="projection", k=2, lam=1.0).fit(deep, tok)
+    mps = ProjectionMPS(k=2, lam=1.0).fit(deep, tok)
     emb = deep.model.embed_tokens.weight.detach()
     ids = real_vocab_ids(tok, emb.shape[0])
     assert torch.equal(mps.prior_tokens, ids)  # vocab_mean: every ordinary token, nothing else
@@ -383,3 +393,24 @@ def test_flash_path_spans_scale_q_and_k_per_column(vlm, vlm_inputs):
         with pytest.raises(ValueError, match="FlashPathSpans reads column indices"):
             generate(vlm, prompt, mask, vlm_inputs["pixel_values"], gen_length=4, steps=4, cache="prefix")
     assert not ids.equal(torch.zeros_like(ids)) and spans.scales(ids[:, :3], image_id).eq(1).all()
+
+
+def test_the_readings_apply_through_decoders_and_stay_outside_the_registry(lm, processor):
+    from keepsight.inference import Decoders
+    from keepsight.methods import METHODS
+
+    assert not set(READINGS) & set(METHODS) and set(READINGS) == {"mps_projection", "mrs_gains"}
+    tok = processor.tokenizer
+    ids = torch.tensor([[tok.bos_token_id, *[tok.mask_token_id] * 6]])
+    direct = ProjectionMPS(k=2, lam=0.5).fit(lm, tok)
+    with direct.apply(lm):
+        expected = lm(ids).logits
+    decoders = Decoders([(MPS_PROJECTION, {"k": 2, "lam": 0.5}), (MRS_GAINS, {"beta": 0.0, "mode": "frequency"})],
+                        family="diffusion").prepare(lm, tok)
+    with decoders.applied(lm, prompt_len=1):
+        assert torch.equal(lm(ids).logits, expected)  # MRS's gains at beta 0: nothing; the projection as applied alone
+    assert not torch.equal(lm(ids).logits, expected)  # removed on exit
+    with pytest.raises(ValueError, match="unknown method 'mps_projection'"):
+        Decoders([("mps_projection", {})])
+    with pytest.raises(TypeError, match="RoPEGains takes a RoPEGainsConfig, got MRSConfig"):
+        RoPEGains(MonotonicRoPEScaling().config)

@@ -48,8 +48,7 @@ def test_mrs_multiplies_every_angle_by_the_released_scale(lm, kind):
 
 def test_mrs_defaults_are_the_released_llada_v_settings_and_a_lavida_preset():
     cfg = MRSConfig()
-    assert (cfg.mode, cfg.beta, cfg.eta, cfg.tau0, cfg.schedule, cfg.segments) == ("angle", 0.01, 8.0, 0.6, "sigmoid",
-                                                                                  "all")
+    assert (cfg.beta, cfg.eta, cfg.tau0, cfg.schedule, cfg.segments) == (0.01, 8.0, 0.6, "sigmoid", "all")
     assert MRSConfig.lavida().eta == 12.0 and MPSConfig.lavida().lam == 0.3
     scales = MonotonicRoPEScaling().gains(128)
     assert scales[0] == pytest.approx(1 + 0.01 / (1 + math.exp(8 * 0.6)))  # y(0) > 0: the ramp is not rescaled

@@ -289,15 +289,16 @@ def test_the_sampler_s_fast_decoding_is_a_model_argument(llada_dir, vlm, process
 
 
 def test_every_mps_and_mrs_config_field_is_a_model_argument(llada_dir, task_dict):
-    """The model arguments come from MPSConfig / MRSConfig's fields: the released / projection variant, the
-    prior, the RoPE mode and segments reach the fixes, and a name that is no field is refused by name."""
-    lm = make(task_dict, pretrained=llada_dir, method="diffusion", steps=4, gen_length=8, mps_variant="projection",
-              mps_layers="final", mps_prior="topk", mps_center="true", mrs_mode="frequency",
-              mrs_segments="visual;generation")
-    assert lm.mps["variant"] == "projection" and lm.mps["center"] is True and lm.mps["prior"] == "topk"
-    assert lm.mrs["mode"] == "frequency" and lm.mrs["segments"] == ["visual", "generation"]
+    """The model arguments come from MPSConfig / MRSConfig's fields: the strength, the subspace, the RoPE schedule
+    and segments reach the fixes, and a name that is no field (a reading's setting among them) is refused by name."""
+    lm = make(task_dict, pretrained=llada_dir, method="diffusion", steps=4, gen_length=8, mps_k="2", mps_lam="0.2",
+              mrs_schedule="cosine", mrs_segments="visual;generation")
+    assert lm.mps == {"k": 2, "lam": 0.2}
+    assert lm.mrs["schedule"] == "cosine" and lm.mrs["segments"] == ["visual", "generation"]
     with pytest.raises(ValueError, match=r"mps: unknown setting\(s\) \['cache_dir'\]"):
         make(task_dict, pretrained=llada_dir, method="diffusion", mps_cache_dir="/tmp")
+    with pytest.raises(ValueError, match=r"mrs: unknown setting\(s\) \['mode'\]"):
+        make(task_dict, pretrained=llada_dir, method="diffusion", mrs_mode="frequency")
 
 
 def test_diffusion_lengths_and_the_llada_v_layout(llada_dir, vlm, tmp_path, task_dict):

@@ -7,6 +7,7 @@ from PIL import Image
 
 from keepsight.data import chat_example
 from keepsight.diffusion import MonotonicRoPEScaling, generate
+from keepsight.diffusion.readings import RoPEGains
 from keepsight.models import decoder_stack
 from keepsight.ops.rope import apply_rotary, pair_contributions
 from keepsight.probes import RoPEAttentionProbe
@@ -144,7 +145,7 @@ def test_mrs_amplitude_reading_shifts_logit_share_toward_low_frequencies(vlm, pr
     tok = processor.tokenizer
 
     def share(beta):
-        with MonotonicRoPEScaling(beta=beta, mode="amplitude").apply(vlm):
+        with RoPEGains(beta=beta, mode="amplitude").apply(vlm):
             with RoPEAttentionProbe(vlm, gen_start=P, mask_token_id=tok.mask_token_id) as probe, torch.no_grad():
                 vlm(**inputs)
         return probe.result()["profile"]["visual"]["band_share_all"]

@@ -143,7 +143,8 @@ def test_training_seeds_give_each_seed_its_model_intervals_over_them_and_mps_eff
 
     small = dict(batch_size=2, save_every=1000, answer_length=16)
     exp = DiffusionExperiment(train=DiffusionTrainConfig(steps=2, **small), tasks=("describe",), n_scenes=2,
-                              n_objects=2, steps_grid=(4, 16), sweep_steps=4, sweeps={"lam": [0.3]},
+                              n_objects=2, steps_grid=(4, 16), sweep_steps=4,
+                              sweeps={"lam": [0.3], "projection_lam": [0.0], "frequency_beta": [0.0]},
                               samplers={"plain": {}}, sampler_block=16, attention_betas=(), seeds=(0, 3),
                               effect_lams=(0.0, 0.1, 0.2))
     ctx = ExperimentContext(base_dir, None, samples.config, None, None, lambda: samples, print)
@@ -162,6 +163,11 @@ def test_training_seeds_give_each_seed_its_model_intervals_over_them_and_mps_eff
     assert diff["distinct_2"]["values"] == pytest.approx([m["distinct_2"] - n["distinct_2"] for m, n in zip(mrs, none)])
     assert ov["sweeps"][0]["param"] == "lam" and ov["sweeps"][0]["vs_none"]["chair_i"]["n"] == 2
     for run in res["seeds"]:
+        # our earlier readings (keepsight.diffusion.readings) at zero strength sample what no method samples
+        plain = next(g for g in run["grid"] if (g["steps"], g["method"]) == (4, "none"))
+        for sweep in run["sweeps"][1:]:
+            assert {k: sweep[k] for k in ("object_recall", "repeats", "distinct_2")} == \
+                {k: plain[k] for k in ("object_recall", "repeats", "distinct_2")}, sweep["param"]
         still, a, b = run["mps_effect"]["by_lam"]
         assert still["move"] == 0.0 and still["argmax_changed"] == 0.0 and still["top10_before"] == still["top10_after"]
         assert b["move"] == pytest.approx(2 * a["move"], rel=1e-4, abs=1e-9)

@@ -19,10 +19,6 @@ of Z (mean |W_up| / mean |Z|, mean |W_down| / mean |Z|) cancel in A'. ``threshol
 Batched, unlike the release (batch size 1; its decision sums the entropy over the batch and its means run over the
 whole tensor): each row decides for itself and its means run over its own real (unpadded) positions, so a row gives
 the same result alone or in a batch.
-
-``variant="softmax"``: our earlier reading of the paper (one fixed layer pair, the full-vocabulary entropy / ln V,
-``FFN(x) + alpha * softmax(x Z^T / sqrt(d)) Z`` added at the generating position or after the image: ``rows``),
-kept as a named variant with its own fields (``alpha``, ``inject_layer``, ``probe_layer``, ``rows``).
 """
 
 from __future__ import annotations
@@ -33,12 +29,10 @@ from typing import ClassVar
 
 import torch
 
-from ..checks import layer_indices, number
+from ..checks import number
 from ..methods import register_method
 from ..models.arch import arch_info, starts_sequence
 from .base import Baseline
-
-VARIANTS = ("released", "softmax")
 
 
 @dataclass
@@ -47,26 +41,12 @@ class MemVRConfig:
     # the registry's tests run every registered method at both on every family
     ZERO: ClassVar[dict] = {"threshold": 2.0}
     STRONG: ClassVar[dict] = {"threshold": 0.0, "ratio": 0.5}
-    variant: str = "released"  # "released" (memvr.py) | "softmax" (our earlier reading)
     threshold: float = 0.75  # top-10 entropy / ln 10 that triggers (README, eval scripts: 0.75; >= 1: never)
     ratio: float = 0.12  # r of (1 - r) FFN + r A' (mme.sh, mmvet.sh; the CHAIR loader hard-codes 0.12)
     start_layer: int | None = None  # probed layers: start < l < end (scripts: 5, 16 of 32; None: scaled to the depth)
     end_layer: int | None = None
-    alpha: float = 0.1  # variant "softmax": memory strength
-    inject_layer: int | None = None  # variant "softmax": None, the middle layer
-    probe_layer: int | None = None  # variant "softmax": None, the layer before inject_layer
-    rows: str = "generated"  # variant "softmax": "generated" | "after_image"
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.rows not in ("generated", "after_image"):
-            raise ValueError(f"rows must be 'generated' or 'after_image', got {self.rows!r}")
-        given = [n for n in ("inject_layer", "probe_layer") if getattr(self, n) is not None]
-        if self.variant == "released" and given:  # the released trigger probes start_layer < l < end_layer instead
-            raise ValueError(f"{', '.join(given)} apply only to variant 'softmax' (the released variant probes "
-                             "start_layer < l < end_layer)")
-        self.alpha = number("alpha", self.alpha, low=0.0)
         self.threshold = number("threshold", self.threshold, low=0.0)
         self.ratio = number("ratio", self.ratio, low=0.0, high=1.0)
         for name in ("start_layer", "end_layer"):
@@ -96,81 +76,6 @@ class MemVR(Baseline):
         super().__init__(config or MemVRConfig(**settings))
 
     def _install(self, model, stack) -> None:
-        if self.config.variant == "released":
-            return self._install_released(model, stack)
-        info = arch_info(model)
-        n = len(info.layers)
-        cfg = self.config
-        inject = layer_indices("inject_layer", [cfg.inject_layer if cfg.inject_layer is not None else n // 2], n)[0]
-        probe = layer_indices("probe_layer", [cfg.probe_layer if cfg.probe_layer is not None else inject - 1], n)[0]
-        if probe >= inject:
-            raise ValueError(f"probe_layer {probe} must come before inject_layer {inject} (the trigger is read first)")
-        state: dict = {"ids": None, "memory": None, "fire": None, "after": None}
-        self._stats.extra.update(triggered=0, positions=0, inject_layer=inject, probe_layer=probe)
-        self._stats.compares_logits = False  # the memory enters the FFN: the plain logits are never computed
-
-        def grab_ids(module, args, kwargs):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            state["ids"] = ids
-            cache = kwargs.get("cache", kwargs.get("past_key_values"))
-            if ids is None:
-                return
-            visual = (ids == info.image_token_id).long()
-            if starts_sequence(cache) or state["after"] is None:  # [B, T]: after the image
-                state["after"] = (visual.flip(-1).cumsum(-1).flip(-1) == 0) & (visual.cumsum(-1) > 0)
-            else:
-                state["after"] = torch.ones_like(ids, dtype=torch.bool)
-
-        def grab_memory(module, args, kwargs):  # the language model's input embeddings, images merged in
-            embeds = kwargs.get("inputs_embeds")
-            ids = state["ids"]
-            if embeds is None or ids is None or ids.shape != embeds.shape[:2]:
-                return
-            visual = ids == info.image_token_id
-            if bool(visual.any()):
-                if not bool((visual.sum(1) == visual.sum(1)[0]).all()):
-                    raise ValueError("MemVR: rows with different numbers of image tokens in one batch")
-                state["memory"] = embeds[visual].view(ids.shape[0], -1, embeds.shape[-1]).detach()  # [B, Nv, d]
-
-        def positions(T: int) -> torch.Tensor:
-            """[B, T] bool: the positions this forward may retrace."""
-            if cfg.rows == "generated":
-                where = torch.zeros(state["after"].shape[0], T, dtype=torch.bool)
-                where[:, -1] = True
-                return where
-            return state["after"][:, -T:].cpu()
-
-        def trigger(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output  # [B, T, d]
-            with torch.no_grad():
-                logp = info.lm_head(info.final_norm(h)).float().log_softmax(-1)  # [B, T, V]
-                entropy = -(logp.exp() * logp).sum(-1) / math.log(logp.shape[-1])  # [B, T]
-            state["fire"] = (entropy > cfg.threshold) & positions(h.shape[1]).to(entropy.device)
-
-        def retrace(module, args, output):
-            fire, memory = state["fire"], state["memory"]
-            self._stats.forwards += 1
-            self._stats.rows += output.shape[0]
-            self._stats.extra["positions"] += output.shape[0]
-            if cfg.alpha == 0 or fire is None or memory is None or not bool(fire.any()):
-                return output
-            x = args[0]  # [B, T, d]: the FFN's input
-            z = memory.to(x.dtype)
-            attn = torch.softmax((x @ z.transpose(1, 2)).float() / math.sqrt(x.shape[-1]), -1)  # [B, T, Nv]
-            delta = attn.to(z.dtype) @ z  # [B, T, d]
-            out = torch.where(fire[..., None], output + cfg.alpha * delta, output)
-            self._stats.extra["triggered"] += int(fire.sum())
-            self._stats.acted += 1
-            return out
-
-        handles = [model.register_forward_pre_hook(grab_ids, with_kwargs=True),
-                   info.language_model.register_forward_pre_hook(grab_memory, with_kwargs=True),
-                   info.layers[probe].register_forward_hook(trigger),
-                   info.ffn(inject).register_forward_hook(retrace)]
-        for handle in handles:
-            stack.callback(handle.remove)
-
-    def _install_released(self, model, stack) -> None:
         info = arch_info(model)
         n = len(info.layers)
         cfg = self.config

@@ -6,7 +6,7 @@ LVLMs") as its authors released it (github LALBJ/PAI: ``attention.py`` ``llama_n
    of LLaVA-1.5), the attention logits of the last query of each forward (the prompt's last position at the
    prefill, then each new token) on the image keys become ``a + alpha * |a|``, after the causal mask is added (and
    clamped to the dtype's minimum) and before the softmax; alpha = 0.2 (the README's commands and the argparse
-   default; 0.5 was our earlier reading of the paper, unverified against it).
+   default).
 2. Image-centric logit refinement on log-probabilities: ``g * log p(y | v, x) - (g - 1) * log p(y | x)`` with
    g = 1.1 (the README; written here as ``gamma = g - 1 = 0.1`` so that gamma = 0 is the plain model), the text-only
    stream being the same prompt with its image tokens removed, its own KV cache and positions; then the
@@ -69,11 +69,6 @@ class PAIConfig:
         self.alpha = number("alpha", self.alpha, low=0.0)
         self.gamma = number("gamma", self.gamma, low=0.0)
         self.beta = number("beta", self.beta, low=0.0, high=1.0)
-
-    @classmethod
-    def paper_alpha(cls, **settings) -> PAIConfig:
-        """alpha 0.5: our earlier reading of the paper for LLaVA-1.5 (not in the released commands)."""
-        return cls(**{"alpha": 0.5, **settings})
 
 
 def _pai_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

@@ -10,7 +10,6 @@ with v' the processor's (normalised) pixel tensor after ``noise_step`` steps of 
 (5e-3 - 1e-5) + 1e-5``, so abar_500 = 0.745), and the adaptive plausibility cut on the clean logits: tokens with
 ``l(y | v, x) < log(beta) + max l(y | v, x)`` get -inf (line 150). Defaults (the eval script's argparse): alpha 1,
 beta 0.1, noise step 500; ``VCDConfig.pope()`` is the POPE script's beta 0.2 (``cd_scripts/llava1.5_pope.bash``).
-``schedule="linear"`` (the DDPM betas 1e-4 .. 0.02: abar_500 = 0.078, near-pure noise) was our earlier reading.
 
 Differences from the release, kept on purpose: the release patches only the sampling loop, so under greedy
 decoding it computes nothing (the plain model); ours contrasts under every decoding mode (its scripts sample at
@@ -35,8 +34,6 @@ from ..methods import register_method
 from ..models.arch import arch_spec
 from .base import Baseline, Stream, capture_image_inputs
 
-SCHEDULES = ("sigmoid", "linear")
-
 
 @dataclass
 class VCDConfig:
@@ -49,7 +46,6 @@ class VCDConfig:
     noise_step: int = 500  # diffusion step of the distortion (--noise_step: 500 of vcd_add_noise.py's 1000)
     diffusion_steps: int = 1000
     seed: int = 0
-    schedule: str = "sigmoid"  # "sigmoid" (vcd_add_noise.py) | "linear" (DDPM's 1e-4 .. 0.02: our earlier reading)
 
     @classmethod
     def pope(cls, **settings) -> VCDConfig:
@@ -57,8 +53,6 @@ class VCDConfig:
         return cls(**{"beta": 0.2, **settings})
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         self.alpha = number("alpha", self.alpha, low=0.0)
         self.beta = number("beta", self.beta, low=0.0, high=1.0)
         self.diffusion_steps = number("diffusion_steps", self.diffusion_steps, low=1, integer=True)
@@ -68,16 +62,10 @@ class VCDConfig:
         self.seed = number("seed", self.seed, low=0, integer=True)
 
 
-def alpha_bar(step: int, diffusion_steps: int = 1000, schedule: str = "sigmoid") -> float:
-    """prod_{s <= step} (1 - beta_s): VCD's sigmoid schedule (float32, as vcd_add_noise.py computes it) or the
-    linear DDPM schedule beta_s in [1e-4, 0.02]."""
-    if schedule == "sigmoid":
-        betas = torch.sigmoid(torch.linspace(-6, 6, diffusion_steps)) * (0.5e-2 - 1e-5) + 1e-5
-        return float(torch.cumprod(1 - betas, 0)[step])
-    if schedule == "linear":
-        betas = torch.linspace(1e-4, 0.02, diffusion_steps, dtype=torch.float64)
-        return float(torch.cumprod(1 - betas, 0)[step])
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+def alpha_bar(step: int, diffusion_steps: int = 1000) -> float:
+    """prod_{s <= step} (1 - beta_s) of VCD's sigmoid schedule (float32, as vcd_add_noise.py computes it)."""
+    betas = torch.sigmoid(torch.linspace(-6, 6, diffusion_steps)) * (0.5e-2 - 1e-5) + 1e-5
+    return float(torch.cumprod(1 - betas, 0)[step])
 
 
 def _split(pixel_values: torch.Tensor, grid: torch.Tensor | None) -> list[torch.Tensor]:
@@ -87,10 +75,9 @@ def _split(pixel_values: torch.Tensor, grid: torch.Tensor | None) -> list[torch.
     return list(pixel_values.split([int(n) for n in grid.prod(-1)], 0))
 
 
-def distort(pixel_values: torch.Tensor, step: int, seed: int, grid: torch.Tensor | None = None,
-            diffusion_steps: int = 1000, schedule: str = "sigmoid") -> torch.Tensor:
-    """Every image of ``pixel_values`` after ``step`` forward-diffusion steps, noise seeded by its own pixels."""
-    ab = alpha_bar(step, diffusion_steps, schedule)
+def distort(pixel_values: torch.Tensor, ab: float, seed: int, grid: torch.Tensor | None = None) -> torch.Tensor:
+    """Every image of ``pixel_values`` noised to ``sqrt(ab) v + sqrt(1 - ab) eps`` (``ab``: the schedule's alpha-bar
+    at the noise step, ``alpha_bar``), the noise seeded by the image's own pixels."""
     out = []
     for img in _split(pixel_values, grid):
         key = zlib.crc32(img.detach().float().cpu().numpy().tobytes()) ^ seed
@@ -109,8 +96,13 @@ class VCD(Baseline):
     def __init__(self, config: VCDConfig | None = None, **settings):
         super().__init__(config or VCDConfig(**settings))
 
+    def alpha_bar(self) -> float:
+        """The distorted image's share of signal: the schedule's alpha-bar at the configured noise step."""
+        return alpha_bar(self.config.noise_step, self.config.diffusion_steps)
+
     def _install(self, model, stack) -> None:
         cfg = self.config
+        ab = self.alpha_bar()
         grid_layout = arch_spec(model).image_layout == "grid"  # the row: pixel rows split by image_grid_thw
         stream = Stream(model)
         images = capture_image_inputs(model, stack, skip=lambda: stream.inside)
@@ -124,8 +116,7 @@ class VCD(Baseline):
                 kw.update({k: v for k, v in images.items() if k not in kw and k != "return_dict"})
             if kw.get("pixel_values") is not None:
                 grid = kw.get("image_grid_thw") if grid_layout else None
-                kw["pixel_values"] = distort(kw["pixel_values"], cfg.noise_step, cfg.seed, grid,
-                                             cfg.diffusion_steps, cfg.schedule)
+                kw["pixel_values"] = distort(kw["pixel_values"], ab, cfg.seed, grid)
             elif prefill:
                 raise ValueError("VCD needs the image (pixel_values) on the forward that starts a sequence")
             distorted = stream.run(kw, prefill).logits

@@ -2,7 +2,8 @@
 
 Every consumer (``MaskPriorSuppression``, ``MonotonicRoPEScaling``, the demo's diffusion experiment, the
 lmms-eval model) takes its defaults from these classes. ``PAPER`` names the fields whose defaults are the
-paper's own numbers (LLaDA-V's); the others are our readings of what the paper leaves open.
+paper's own numbers (LLaDA-V's); the others are the released code's. Our earlier readings of the paper (MPS as a
+projection, MRS as gains on the frequency pairs) have their own settings in ``keepsight.diffusion.readings``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from typing import ClassVar
 from ..checks import number
 from ..ops.rope import SCHEDULES
 
-PRIORS = ("vocab_mean", "topk", "random")
-MODES = ("angle", "amplitude", "frequency")
-VARIANTS = ("released", "projection")
 SEGMENTS = ("visual", "prompt", "generation")
 
 
@@ -35,29 +33,18 @@ class _PaperDefaults:
         return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in d.items()}
 
 
-# MPS fields only the "projection" variant (our earlier reading) reads, with their defaults
-_PROJECTION_ONLY = {"layers": "final", "prior": "vocab_mean", "center": False, "n_prior_tokens": 100, "seed": 0}
-
-
 @dataclass
 class MPSConfig(_PaperDefaults):
-    """Mask Prior Suppression (see ``keepsight.diffusion.mps``). ``variant="released"`` (default) is the authors'
-    code (github.com/hong-sujung/MPD-PAC); ``variant="projection"`` our earlier reading, with its options."""
+    """Mask Prior Suppression as the authors' code computes it (see ``keepsight.diffusion.mps``;
+    github.com/hong-sujung/MPD-PAC)."""
 
     # a masked-diffusion method: tested against the released code and at zero strength on the sampler there
     TESTED_BY: ClassVar[str] = "tests/diffusion/test_mps_mrs.py"
 
     PAPER: ClassVar[tuple[str, ...]] = ("k", "lam")
 
-    variant: str = "released"  # "released" | "projection"
     k: int = 3  # principal directions of the prior subspace (paper and code: 3; clamped to the rank as released)
     lam: float = 0.1  # suppression strength (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)
-    # projection variant (our reading)
-    layers: str | list[int] = "final"  # decoder layers whose output is suppressed ("final" or indices)
-    prior: str = "vocab_mean"  # prior direction: vocab_mean | topk | random (the paper's ablation)
-    center: bool = False  # subtract the layer mean before projecting
-    n_prior_tokens: int = 100  # prior="topk": tokens averaged
-    seed: int = 0  # prior="random": the Gaussian basis
 
     @classmethod
     def lavida(cls, **overrides) -> MPSConfig:
@@ -65,37 +52,14 @@ class MPSConfig(_PaperDefaults):
         return cls(**{"lam": 0.3, **overrides})
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        if not isinstance(self.prior, str) or self.prior not in PRIORS:
-            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
         self.k = number("k", self.k, low=1, integer=True)
         self.lam = number("lam", self.lam, low=0.0, high=1.0)
-        if isinstance(self.layers, str):
-            if self.layers != "final":
-                raise ValueError(f"layers must be 'final' or a non-empty list of layer indices, got {self.layers!r}")
-        else:
-            try:
-                self.layers = [number("layers", i, integer=True) for i in self.layers]
-            except TypeError:
-                raise ValueError(f"layers must be 'final' or a list of layer indices, got {self.layers!r}") from None
-            if not self.layers:
-                raise ValueError("layers must be 'final' or a non-empty list of layer indices, got []")
-        if not isinstance(self.center, bool):
-            raise ValueError(f"center must be true or false, got {self.center!r}")
-        self.n_prior_tokens = number("n_prior_tokens", self.n_prior_tokens, low=1, integer=True)
-        self.seed = number("seed", self.seed, low=0, integer=True)
-        if self.variant == "released":
-            stray = [k for k, default in _PROJECTION_ONLY.items() if getattr(self, k) != default]
-            if stray:
-                raise ValueError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} only to variant "
-                                 "'projection' (our earlier reading), not 'released'")
 
 
 @dataclass
 class MRSConfig(_PaperDefaults):
-    """Monotonic RoPE Scaling (see ``keepsight.diffusion.mrs``). ``mode="angle"`` (default) is the authors' code;
-    ``amplitude`` and ``frequency`` are our earlier readings."""
+    """Monotonic RoPE Scaling as the authors' code computes it (see ``keepsight.diffusion.mrs``): every RoPE angle
+    scaled per frequency pair."""
 
     # a masked-diffusion method: tested against the released code and at zero strength on the sampler there
     TESTED_BY: ClassVar[str] = "tests/diffusion/test_mps_mrs.py"
@@ -106,7 +70,6 @@ class MRSConfig(_PaperDefaults):
     eta: float = 8.0  # sigmoid steepness (paper: 8 for LLaDA-V, 12 for LaViDa)
     tau0: float = 0.6  # sigmoid midpoint (paper: 0.6)
     schedule: str = "sigmoid"  # sigmoid | cosine | exponential | linear | power (the paper's Table 18)
-    mode: str = "angle"  # angle (released: every RoPE angle times s_i) | amplitude | frequency (ours)
     segments: str | Iterable[str] = "all"  # tokens scaled: "all" (as released) or a subset of visual / prompt /
     #                                        generation (ours)
 
@@ -120,8 +83,6 @@ class MRSConfig(_PaperDefaults):
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
-        if not isinstance(self.mode, str) or self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         self.beta = number("beta", self.beta, low=0.0, high=100.0)  # larger gains overflow the logits
         self.eta = number("eta", self.eta, low=0.0, high=1e3)
         self.tau0 = number("tau0", self.tau0, low=0.0, high=1.0)

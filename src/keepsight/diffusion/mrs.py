@@ -1,23 +1,17 @@
 """Monotonic RoPE Scaling (MRS) and the NTK / YaRN drop-in baselines.
 
-As released (github.com/hong-sujung/MPD-PAC, ``LLaDARotaryEmbedding.make_monotonic_freq_mask``; ``mode="angle"``,
-the default): every RoPE angle ``position * inv_freq_i`` is multiplied by ``s_i = 1 + beta * y(tau_i)``,
+As released (github.com/hong-sujung/MPD-PAC, ``LLaDARotaryEmbedding.make_monotonic_freq_mask``): every RoPE angle ``position * inv_freq_i`` is multiplied by ``s_i = 1 + beta * y(tau_i)``,
 ``tau_i = i / (D/2 - 1)`` over the frequency index (0: the highest), the same scale for both dims of a pair, for
 every token (``keepsight.ops.rope.angle_scales``; its ``rope`` argument is ``10 * beta``). Since the angle is linear
 in the position this is ``inv_freq_i * s_i``, swapped into the rotary module inside ``apply``.
 
-Our earlier readings reweight RoPE's frequency pairs with gains ``g_i = 1 + beta * s(tau_i)`` that grow toward the
-low frequencies (``keepsight.ops.rope``):
-
-- ``mode="amplitude"`` (default): the attention-logit contribution of pair i is multiplied by g_i. A
-  forward hook on the text model's rotary module scales its ``(cos, sin) [B, T, D]`` output for pair i
-  (dims i and i + D/2) by ``sqrt(g_i)``; q and k are both rotated with those, so q.k of pair i gets g_i.
-- ``mode="frequency"``: ``inv_freq_i / g_i`` (the rotary module's ``inv_freq`` buffer is swapped).
+Our earlier readings of the paper (gains on each pair's attention logit, or on its frequency) are
+``keepsight.diffusion.readings.RoPEGains``.
 
 Segments: ``"all"`` (default) or a subset of {"visual", "prompt", "generation"}. Transformers rotates q and
 k with the same cos/sin, so the scaling is per *token*: a token in the chosen segments has both its query
 and its key scaled. A logit between two chosen tokens gets g_i per pair, between a chosen and an
-unchosen token sqrt(g_i) (amplitude mode), between two unchosen tokens 1. Segment membership is read per
+unchosen token the scale of one of them, between two unchosen tokens none. Segment membership is read per
 forward from the ``input_ids`` given to the model passed to ``apply`` (visual = image token; generation =
 columns >= ``gen_start``; prompt = the other columns before ``gen_start``), or from ``segment_mask``
 (a ``[B, T]`` bool tensor or a callable ``input_ids -> [B, T]``; it overrides ``segments``). Segment
@@ -41,8 +35,8 @@ from ..checks import number
 from ..methods import register_method
 from ..models.arch import decoder_stack
 from ..models.arch import image_token_id as config_image_token_id
-from ..ops.rope import angle_scaled_inv_freq, angle_scales, rope_gains, scale_rotary, scaled_inv_freq
-from .config import MODES, SEGMENTS, MRSConfig  # noqa: F401  (the mode / segment names, re-exported)
+from ..ops.rope import angle_scaled_inv_freq, angle_scales, scale_rotary
+from .config import SEGMENTS, MRSConfig  # noqa: F401  (the segment names, re-exported)
 
 
 def _input_ids_of(args, kwargs) -> torch.Tensor | None:
@@ -55,10 +49,15 @@ def _input_ids_of(args, kwargs) -> torch.Tensor | None:
 class MonotonicRoPEScaling:
     """``with MonotonicRoPEScaling(beta=0.01).apply(model): model(...)``; see the module docstring."""
 
+    config_class = MRSConfig
+    scales_rotary_output = False  # True: (cos, sin) scaled per pair by sqrt(gains) in place of the frequencies
+
     def __init__(self, beta: float | MRSConfig | None = None, **settings):
-        """``MonotonicRoPEScaling(0.01)``, ``MonotonicRoPEScaling(beta=0.5, mode="frequency")`` or
+        """``MonotonicRoPEScaling(0.01)``, ``MonotonicRoPEScaling(beta=0.5, eta=12)`` or
         ``MonotonicRoPEScaling(MRSConfig(...))``; defaults are ``MRSConfig``'s (the paper's)."""
-        base = beta if isinstance(beta, MRSConfig) else MRSConfig()
+        if isinstance(beta, MRSConfig) and not isinstance(beta, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(beta).__name__}")
+        base = beta if isinstance(beta, MRSConfig) else self.config_class()
         if beta is not None and not isinstance(beta, MRSConfig):
             settings = {"beta": beta, **settings}
         try:
@@ -73,10 +72,12 @@ class MonotonicRoPEScaling:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def gains(self, head_dim: int) -> torch.Tensor:
-        """Per pair ``[head_dim / 2]`` (float64): the angle scales ``s`` (angle mode) or the gains ``g`` (ours)."""
-        if self.mode == "angle":
-            return angle_scales(head_dim, self.beta, self.eta, self.tau0, self.schedule)
-        return rope_gains(head_dim, self.beta, self.eta, self.tau0, self.schedule)
+        """Per pair ``[head_dim / 2]`` (float64): the angle scales ``s``."""
+        return angle_scales(head_dim, self.beta, self.eta, self.tau0, self.schedule)
+
+    def scaled_inv_freq(self, inv_freq: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        """The rotary module's ``inv_freq`` under ``gains``: each pair's frequency times its angle scale."""
+        return angle_scaled_inv_freq(inv_freq, gains)
 
     def _segment_where(self, ids: torch.Tensor, gen_start, image_token_id) -> torch.Tensor:
         """``[B, T]`` bool: tokens of the chosen segments."""
@@ -135,7 +136,7 @@ class MonotonicRoPEScaling:
             return self._segment_where(state["ids"], gen_start, image_token_id)
 
         original = (rotary.inv_freq, rotary.attention_scaling)
-        new_freq = (angle_scaled_inv_freq if self.mode == "angle" else scaled_inv_freq)(rotary.inv_freq, gains)
+        new_freq = self.scaled_inv_freq(rotary.inv_freq, gains)
 
         def amplitude_hook(module, args, kwargs, out):
             cos, sin = out  # [B|1, T, D]
@@ -158,7 +159,7 @@ class MonotonicRoPEScaling:
             if reads_columns:  # the cached samplers forward windows: their column indices are not the sequence's
                 model._keepsight_reads_columns = "MRS with segments other than 'all'"
                 handles.append(model.register_forward_pre_hook(grab, with_kwargs=True))
-            if self.mode == "amplitude":
+            if self.scales_rotary_output:
                 handles.append(rotary.register_forward_hook(amplitude_hook, with_kwargs=True))
             elif segment_mask is None and self.segments == "all":
                 rotary.inv_freq = new_freq

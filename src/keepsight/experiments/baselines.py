@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..baselines.readings import VCD_LINEAR
 from ..inference import Decoders
+from ..methods import Method
 from ..models import load_checkpoint
 from ..pvm import load_pvm
 from ..world.evaluate import generate_answers
@@ -23,9 +25,9 @@ from .arm import ExperimentContext, evaluate_arm
 from .pvm import PVMExperiment, sft_adapter
 
 ARMS = {  # name -> (method, settings): the released defaults, a stronger setting, and our earlier reading where
-    # it differed (VCD's linear noise schedule)
+    # it differed (VCD's linear noise schedule: a Method kept outside the registry)
     "vcd": ("vcd", {}), "vcd (alpha 2)": ("vcd", {"alpha": 2.0}),
-    "vcd (linear schedule)": ("vcd", {"schedule": "linear"}),
+    "vcd (linear schedule)": (VCD_LINEAR, {}),
     "pai": ("pai", {}), "pai (alpha 1, gamma 0.5)": ("pai", {"alpha": 1.0, "gamma": 0.5}),
     "memvr": ("memvr", {}), "memvr (threshold 0.5, ratio 0.31)": ("memvr", {"threshold": 0.5, "ratio": 0.31}),
     "deco": ("deco", {}), "deco (alpha 1)": ("deco", {"alpha": 1.0}),
@@ -48,15 +50,21 @@ class BaselinesExperiment:
     beam_scenes: int = 40  # scenes of each set the beam arms (and the base beside them) are scored on
 
     def to_dict(self) -> dict:
-        return {"arms": {k: [m, dict(s)] for k, (m, s) in self.arms.items()},
-                "beam_arms": {k: [m, dict(s)] for k, (m, s) in self.beam_arms.items()}, "beam_scenes": self.beam_scenes,
+        return {"arms": {k: [_name(m), dict(s)] for k, (m, s) in self.arms.items()},
+                "beam_arms": {k: [_name(m), dict(s)] for k, (m, s) in self.beam_arms.items()},
+                "beam_scenes": self.beam_scenes,
                 "pvm": self.pvm.to_dict() if self.pvm else None, "timing_scenes": self.timing_scenes,
                 "timing_repeats": self.timing_repeats, "pope_per_image": self.pope_per_image}
 
 
-def _arm(method_name: str, settings: dict) -> Decoders:
-    """The arm's method from the registry (applied the way ``keepsight.inference.Pipeline`` applies it)."""
-    return Decoders([(method_name, settings)], family="autoregressive")
+def _name(method: str | Method) -> str:
+    return method if isinstance(method, str) else method.name
+
+
+def _arm(method: str | Method, settings: dict) -> Decoders:
+    """The arm's method: a registry name or a reading's entry, applied the way ``keepsight.inference.Pipeline``
+    applies a registered one."""
+    return Decoders([(method, settings)], family="autoregressive")
 
 
 def _time_per_token(model, processor, samples, method: Decoders | None, repeats: int) -> float:
@@ -88,7 +96,7 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
         with method.applied(model):
             result = evaluate_arm(model, processor, sets, log, decoding_method=True)
             result["pope"] = evaluate_world_pope(model, processor, sets.eval, exp.pope_per_image)
-        stats[name] = method.stats()[method_name]
+        stats[name] = method.stats()[_name(method_name)]
         arms[name] = result
         speed[name] = _time_per_token(model, processor, timing, _arm(method_name, settings),
                                       exp.timing_repeats) / base_time
@@ -105,7 +113,7 @@ def run_baselines_experiment(exp: BaselinesExperiment, ctx: ExperimentContext) -
             with method.applied(model):
                 result = evaluate_arm(model, processor, sub, log, decoding_method=True)
                 result["pope"] = evaluate_world_pope(model, processor, sub.eval, exp.pope_per_image)
-            stats[f"{name} ({n} scenes)"] = method.stats()[method_name]
+            stats[f"{name} ({n} scenes)"] = method.stats()[_name(method_name)]
             arms[f"{name} ({n} scenes)"] = result
             speed[f"{name} ({n} scenes)"] = _time_per_token(model, processor, timing, _arm(method_name, settings),
                                                             exp.timing_repeats) / base_time

@@ -2,8 +2,9 @@
 64-token windows by the LLaDA-style sampler, with and without Mask Prior Suppression and Monotonic RoPE
 Scaling (and NTK / YaRN in place of MRS).
 
-MPS and MRS are the released ones (their defaults); the sweeps also run our earlier readings (MPS's projection
-variant: its prior directions, centring, layers; MRS's amplitude and frequency modes over beta).
+MPS and MRS are the released ones (their defaults); the sweeps also run our earlier readings
+(``keepsight.diffusion.readings``: MPS as a projection, with its prior directions, centring, layers; MRS's gains on the
+pairs' amplitude and frequency, over beta).
 
 Measured per (method, steps T): distinct-2, consecutive repetition ratio, the share of repeated tokens
 that are among the uncontextualised mask token's top-10 predictions (the paper: over 95%), CHAIR /
@@ -37,6 +38,7 @@ from ..diffusion import (
 )
 from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
 from ..diffusion.mps import released_states
+from ..diffusion.readings import MPS_PROJECTION, MRS_GAINS
 from ..fingerprint import digest
 from ..inference import Decoders
 from ..metrics import chair, distinct_n, mean_ci, repetition_ratio
@@ -119,8 +121,8 @@ class DiffusionExperiment:
 
 
 MPS_SWEEP = ("lam", "k")  # sweep parameters of the released MPS
-PROJECTION_SWEEP = ("prior", "center", "layers", "projection_lam")  # of our earlier reading (variant "projection")
-MRS_MODE_SWEEP = {"amplitude_beta": "amplitude", "frequency_beta": "frequency"}  # our readings of MRS, over beta
+PROJECTION_SWEEP = ("prior", "center", "layers", "projection_lam")  # of our earlier reading of MPS (MPS_PROJECTION)
+MRS_MODE_SWEEP = {"amplitude_beta": "amplitude", "frequency_beta": "frequency"}  # our readings of MRS (MRS_GAINS)
 
 
 class _Runner:
@@ -140,20 +142,22 @@ class _Runner:
         self.suppress = suppressed_ids(model, tok)  # the world's tokenizer: pad and bos
         self.ends = end_ids(model, tok)
 
-    def method(self, name: str, mps_kw: dict, mrs_kw: dict) -> contextlib.AbstractContextManager:
+    def method(self, name: str, mps_kw: dict, mrs_kw: dict, readings: bool = False) -> contextlib.AbstractContextManager:
         """``name`` applied to the runner's model: none, MPS, MRS or both from the method registry (the Pipeline's
-        ``Decoders``: MPS fitted on the model, MRS from the first generation column), or a RoPE-extension
-        baseline (NTK-aware / YaRN at factor 2, the MRS paper's comparison)."""
+        ``Decoders``: MPS fitted on the model, MRS from the first generation column; ``readings``: our earlier
+        readings of each in their place), or a RoPE-extension baseline (NTK-aware / YaRN at factor 2, the MRS paper's
+        comparison)."""
         if name in ("ntk", "yarn"):
             return RoPEBaseline(name, factor=2.0).apply(self.model)
-        requests = [(m, kw) for m, kw in (("mps", mps_kw), ("mrs", mrs_kw)) if name in (m, "both")]
+        mps, mrs = (MPS_PROJECTION, MRS_GAINS) if readings else ("mps", "mrs")
+        requests = [(m, kw) for m, label, kw in ((mps, "mps", mps_kw), (mrs, "mrs", mrs_kw)) if name in (label, "both")]
         decoders = Decoders(requests, family="diffusion").prepare(self.model, self.processor.tokenizer)
         return decoders.applied(self.model, self.prompt_len)
 
     @torch.no_grad()
     def run(self, steps: int, name: str = "none", mps_kw: dict | None = None, mrs_kw: dict | None = None,
-            callback=None, sampler: dict | None = None) -> dict:
-        with self.method(name, mps_kw or {}, mrs_kw or {}):
+            callback=None, sampler: dict | None = None, readings: bool = False) -> dict:
+        with self.method(name, mps_kw or {}, mrs_kw or {}, readings):
             t0 = time.perf_counter()
             out = generate(self.model, self.enc["input_ids"], self.enc["attention_mask"], self.enc["pixel_values"],
                            gen_length=self.gen_length, steps=steps, suppress_token_ids=self.suppress,
@@ -180,16 +184,14 @@ class _Runner:
 
 
 def prior_cosine_per_step(runner: _Runner, steps: int, mps_kw: dict) -> dict:
-    """Mean |cos| of still-masked hidden states to the prior subspace at every sampler step, with and without MPS:
-    the LM head's input (released MPS acts there; centred on mu) or the last layer's output (our projection reading),
-    captured after MPS's own hook."""
+    """Mean |cos| of still-masked hidden states to the released MPS's prior subspace (centred on its mu) at every
+    sampler step, with and without MPS: the LM head's input, where it acts, captured after its own hook."""
     fitted = MaskPriorSuppression(**mps_kw).fit(runner.model, runner.processor.tokenizer)
-    mu = fitted.mu if fitted.variant == "released" else None
-    return {name: _cosine_curve(runner, steps, name, mps_kw, fitted.U, mu) for name in ("none", "mps")}
+    return {name: _cosine_curve(runner, steps, name, mps_kw, fitted.U, fitted.mu) for name in ("none", "mps")}
 
 
 def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch.Tensor,
-                  mu: torch.Tensor | None) -> list[float]:
+                  mu: torch.Tensor) -> list[float]:
     mask_id = runner.processor.tokenizer.mask_token_id
     curve: list[float] = []
     ids_box: dict = {}
@@ -205,9 +207,7 @@ def _cosine_curve(runner: _Runner, steps: int, name: str, mps_kw: dict, U: torch
 
     handles = [runner.model.register_forward_pre_hook(grab, with_kwargs=True)]
     with runner.method(name, mps_kw, {}):
-        stack = decoder_stack(runner.model)
-        where_mps = stack.norm if mu is not None else stack.layers[-1]
-        handles.append(where_mps.register_forward_hook(keep))  # after MPS's hook
+        handles.append(decoder_stack(runner.model).norm.register_forward_hook(keep))  # after MPS's hook
         try:
             runner.run(steps)
         finally:
@@ -235,8 +235,6 @@ def mps_effect(runner: _Runner, mps_kw: dict, lams) -> dict:
     probability the mask prior's top-10 tokens get before / after, and the share of slots whose argmax changes."""
     model, tok = runner.model, runner.processor.tokenizer
     fitted = MaskPriorSuppression(**mps_kw).fit(model, tok)
-    if fitted.variant != "released":
-        raise ValueError(f"mps_effect reads the released MPS, got variant {fitted.variant!r}")
     stack = decoder_stack(model)
     states = released_states(model, stack.embed_tokens.weight.detach().mean(0))  # [L, d]
     n = len(runner.samples)
@@ -338,9 +336,10 @@ def _sweeps(runner: _Runner, exp: DiffusionExperiment) -> list[dict]:
             if param in MPS_SWEEP:
                 r = runner.run(T, "mps", {**exp.mps, param: v})
             elif param in PROJECTION_SWEEP:
-                r = runner.run(T, "mps", {**exp.mps, "variant": "projection", param.removeprefix("projection_"): v})
+                r = runner.run(T, "mps", {**exp.mps, param.removeprefix("projection_"): v}, readings=True)
             elif param in MRS_MODE_SWEEP:  # our readings of MRS (amplitude: g_i on the logit part; frequency: / g_i)
-                r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, "mode": MRS_MODE_SWEEP[param], "beta": v})
+                r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, "mode": MRS_MODE_SWEEP[param], "beta": v},
+                               readings=True)
             else:
                 r = runner.run(T, "mrs", mps_kw=None, mrs_kw={**exp.mrs, param: v})
             sweeps.append({"param": param, "value": v, **{k: r[k] for k in r if k != "example"}})

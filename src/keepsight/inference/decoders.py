@@ -20,16 +20,21 @@ class Decoders:
 
     def __init__(self, requests=(), *, family: str | None = None):
         """``requests``: ``(name, settings)`` pairs (settings: a dict of the method config's fields, None or {}
-        for its defaults) of ``"decode"`` entries of ``family`` (any when None)."""
+        for its defaults) of ``"decode"`` entries of ``family`` (any when None); in place of a name, a ``Method``
+        entry kept outside the registry (our earlier readings, ``keepsight.baselines.readings``)."""
         self.items: list[tuple[Method, object]] = []
         if isinstance(requests, (str, bytes)):
             raise TypeError(f"Decoders takes (name, settings) pairs, got the string {requests!r}: write "
                             f"Decoders([({requests!r}, None)])")
         for request in requests:
-            if not isinstance(request, (tuple, list)) or len(request) != 2 or not isinstance(request[0], str):
+            if not isinstance(request, (tuple, list)) or len(request) != 2 or not isinstance(request[0], (str, Method)):
                 raise TypeError(f"Decoders takes (name, settings) pairs, got {request!r}")
             name, settings = request
-            self.add(get_method(name, stage="decode", family=family), settings)
+            entry = name if isinstance(name, Method) else get_method(name, stage="decode", family=family)
+            if entry.stage != "decode" or family not in (None, entry.family):
+                raise ValueError(f"{entry.name} is a {entry.family} method of stage {entry.stage!r}; expected a "
+                                 f"decoding method{'' if family is None else ' of family ' + repr(family)}")
+            self.add(entry, settings)
 
     def add(self, entry: Method, settings: dict | None = None):
         """Build ``entry``'s method object with ``settings`` and append it; returns the object. A method already
