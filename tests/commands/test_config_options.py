@@ -66,18 +66,29 @@ def test_every_config_field_is_an_option_with_its_comment_and_default(command):
 
 
 def test_comments_become_help():
-    assert field_comments(PVMConfig)["normalize_v"].startswith('"rms": V goes through an RMSNorm')
+    assert field_comments(PVMConfig)["master_dtype"].startswith("the PVM parameters' dtype")
     assert field_comments(GRPOTrainConfig)["warmup_ratio"].startswith("linear warm-up")  # from the base class
     help_text = _leaf(("pvm", "train")).format_help()
-    assert "--pvm.normalize_v NORMALIZE_V" in help_text and "--pvm.key_proj, --no-pvm.key_proj" in help_text
+    assert "--pvm.expander_init EXPANDER_INIT" in help_text and "--pvm.output_norm, --no-pvm.output_norm" in help_text
+
+
+@dataclasses.dataclass
+class _Grouped:
+    width: int = 4  # the width
+    # a group header over commented fields
+    heads: int = 1  # retrieval heads
+    # the comment over a field that has none on its line
+    depth: int = 2
 
 
 def test_help_from_the_comment_over_a_field_and_indented_continuations():
     pvm, mps = field_comments(PVMConfig), field_comments(MPSConfig)
-    assert pvm["pvm_hidden_size"].startswith("the latent width p; None: 512") and "(branch variant)" in pvm["pvm_hidden_size"]
+    assert pvm["pvm_hidden_size"].startswith("the latent width p; None: 512") and "head_dim" in pvm["pvm_hidden_size"]
     assert pvm["expander_init"].endswith("(identity, but no gradient at all)")  # its "#   ..." line below
-    assert mps["lam"] == "suppression strength (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)"  # not the header below it
-    assert "heads" in pvm and "branch variant" not in pvm["heads"]  # a group header over a commented field
+    assert mps["lam"] == "suppression strength (paper: 0.1 for LLaDA-V, 0.3 for LaViDa)"
+    grouped = field_comments(_Grouped)
+    assert grouped["heads"] == "retrieval heads"  # a group header over a commented field is not its help
+    assert grouped["depth"] == "the comment over a field that has none on its line"
 
 
 @pytest.fixture
@@ -102,11 +113,10 @@ def _capture(monkeypatch, module, name):
 def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
     seen = _capture(monkeypatch, pvm_command, "train_pvm_sft")
     argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"),
-            "--variant", "branch", "--pvm.normalize_v", "rms", "--no-pvm.silence_visual", "--train.warmup_ratio", "0.2",
-            "--steps", "7"]
+            "--pvm.expander_init", "zero", "--no-pvm.silence_visual", "--train.warmup_ratio", "0.2", "--steps", "7"]
     assert main(argv) == 2 and "captured" in capsys.readouterr().err
     _, _, _, pvm_cfg, train_cfg = seen["args"]
-    assert (pvm_cfg.normalize_v, pvm_cfg.silence_visual, pvm_cfg.key_proj) == ("rms", False, False)
+    assert (pvm_cfg.expander_init, pvm_cfg.silence_visual, pvm_cfg.output_norm) == ("zero", False, True)
     assert (train_cfg.warmup_ratio, train_cfg.steps, train_cfg.lr) == (0.2, 7, PVMTrainConfig.lr)
 
     # one spelling for both stages: --train.FIELD reaches the config of the stage trained
@@ -132,9 +142,9 @@ def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--train.top_p", "0.5"], "--train.top_p apply to --stage grpo; this run is --stage sft"),
     (["--train.warmup_ratio", "2"], "warmup_ratio must be in [0.0, 1.0), got 2.0"),
-    (["--pvm.normalize_v", "l2"], "normalize_v"),
+    (["--pvm.expander_init", "ones"], "expander_init must be 'backbone' or 'zero'"),
     (["--stage", "grpo", "--train.withhold_image"], "--train.withhold_image apply to --stage sft; this run is --stage grpo"),
-    (["--stage", "grpo", "--pvm.normalize_v", "rms"], "--pvm.normalize_v apply to --stage sft"),
+    (["--stage", "grpo", "--pvm.expander_init", "zero"], "--pvm.expander_init apply to --stage sft"),
 ])
 def test_generated_options_are_checked_and_refused_where_they_do_not_apply(world, capsys, extra, message):
     argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"), *extra]

@@ -322,7 +322,8 @@ def test_a_cut_that_leaves_nothing_to_learn_is_an_error_and_leaves_no_out(env, t
 @pytest.mark.parametrize("extra, message", [
     (["--reward", "yesno"], "--reward: not for --stage sft"),
     (["--tasks", "describe"], "--tasks: not for --stage sft"),
-    (["--stage", "grpo", "--init", "{pvm1}", "--layers", "1", "--heads", "2"], "--layers, --heads: not for --stage grpo"),
+    (["--stage", "grpo", "--init", "{pvm1}", "--layers", "1", "--pvm-hidden-size", "8"],
+     "--layers, --pvm-hidden-size: not for --stage grpo"),
     (["--stage", "grpo", "--init", "{pvm1}", "--batch-size", "4"], "--batch-size: not for --stage grpo"),
     (["--stage", "grpo", "--init", "{pvm1}", "--reward", "exact"], "--reward scores the rows of your own dataset"),
     (["--init", "{pvm1}"], "--init: not for --stage sft"),

@@ -23,7 +23,10 @@ from keepsight.inference.support import kinds, support
 from keepsight.models import AUTOREGRESSIVE, arch_info, arch_spec, load_checkpoint
 from keepsight.probes import LogitLens, VisualAttentionProbe
 from keepsight.pvm import PVMConfig, attach_pvm, load_pvm, pvm_parameters, save_pvm
+from keepsight.pvm.readings import BranchConfig
 from keepsight.train.lora_control import lora_targets
+
+PVM_CONFIGS = {"released": PVMConfig, "branch": BranchConfig}  # each block's settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,7 +137,7 @@ def test_pvm_identity_cache_and_adapter_round_trip(family, tmp_path, variant):
     with torch.no_grad():
         base = model(**batch).logits
     base_gen = _gen(model, processor, batch)
-    attach_pvm(model, PVMConfig(variant=variant, layers=[0, 1]))
+    attach_pvm(model, PVM_CONFIGS[variant](layers=[0, 1]))
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, base)  # gate 0: the model as it was
     assert torch.equal(_gen(model, processor, batch), base_gen)

@@ -26,7 +26,8 @@ import pytest
 import torch
 from test_probes import PRESETS, PROMPTS, tiny_inputs
 
-from keepsight.pvm import PVMBranch, PVMConfig, attach_pvm, pvm_memory
+from keepsight.pvm import attach_pvm, pvm_memory
+from keepsight.pvm.readings import BranchConfig, PVMBranch
 from keepsight.world.models import build_model
 
 
@@ -93,7 +94,7 @@ OPTIONS = [dict(), dict(normalize_v="rms"), dict(key_proj=True), dict(temperatur
 def test_branch_equals_paper_formula(heads, shared_down, gate, options):
     torch.manual_seed(heads)
     d, d_lat, T, M = 24, 16, 7, 6
-    cfg = PVMConfig(variant="branch", pvm_hidden_size=d_lat, heads=heads, shared_down=shared_down, gate=gate, **options)
+    cfg = BranchConfig(pvm_hidden_size=d_lat, heads=heads, shared_down=shared_down, gate=gate, **options)
     branch = PVMBranch(d, cfg).double()
     with torch.no_grad():
         branch.gate.copy_(torch.randn_like(branch.gate) + 0.5)  # random, non-zero lambda
@@ -143,7 +144,7 @@ def run(request, processor):
     the projector/merger outputs, every PVM branch call's inputs, and every FFN's input and output."""
     preset = request.param
     model = build_model(preset, processor.tokenizer)
-    attach_pvm(model, PVMConfig(variant="branch", layers=PVM_LAYERS, heads=2, gate="channel"))
+    attach_pvm(model, BranchConfig(layers=PVM_LAYERS, heads=2, gate="channel"))
     with torch.no_grad():
         for branch in model.pvm.values():
             branch.gate.copy_(torch.randn_like(branch.gate))
@@ -265,7 +266,7 @@ def test_normalised_v_makes_retrieval_depend_on_the_query(processor):
         model.model.multi_modal_projector.linear_2.weight.mul_(0.05)  # visual embeddings far smaller than x
     reports = {}
     for option in ("none", "rms"):
-        attach_pvm(model, PVMConfig(variant="branch", layers=[1, 2], normalize_v=option))
+        attach_pvm(model, BranchConfig(layers=[1, 2], normalize_v=option))
         with torch.no_grad():
             for branch in model.pvm.values():
                 branch.gate.fill_(0.5)
@@ -284,7 +285,7 @@ def test_projecting_v_once_equals_projecting_it_every_step(processor):
     gives the same logits (fails if the cached projection were stale, from another sequence, or wrong)."""
     model = build_model("tiny-llava", processor.tokenizer)
     inputs = tiny_inputs("tiny-llava", processor, PROMPTS)
-    attach_pvm(model, PVMConfig(variant="branch", layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    attach_pvm(model, BranchConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
     with torch.no_grad():
         for p in model.pvm.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -307,6 +308,6 @@ def test_projecting_v_once_equals_projecting_it_every_step(processor):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     other = tiny_inputs("tiny-llava", processor, PROMPTS[::-1])  # a new sequence must not reuse the old projections
     fresh = build_model("tiny-llava", processor.tokenizer)
-    attach_pvm(fresh, PVMConfig(variant="branch", layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
+    attach_pvm(fresh, BranchConfig(layers=[1, 3], normalize_v="rms", key_proj=True, heads=2))
     fresh.load_state_dict(model.state_dict())
     torch.testing.assert_close(model.generate(**other, **kw).logits[0], fresh.generate(**other, **kw).logits[0])

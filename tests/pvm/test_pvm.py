@@ -14,6 +14,7 @@ from keepsight.pvm import (
     save_pvm,
     strided_layers,
 )
+from keepsight.pvm.readings import BranchConfig, PVMBranch
 from keepsight.world.models import build_model
 
 
@@ -27,15 +28,15 @@ def test_strided_layers_and_config_errors():
     assert strided_layers(36) == [8, 16, 24]
     assert strided_layers(4) == [1, 2, 3]
     with pytest.raises(ValueError, match="gate must be"):
-        PVMConfig(variant="branch", gate="vector")
+        BranchConfig(gate="vector")
     with pytest.raises(ValueError, match="pvm_hidden_size 10 must be divisible by heads 3"):
-        PVMConfig(variant="branch", pvm_hidden_size=10, heads=3)
-    with pytest.raises(ValueError, match="heads, gate apply only to variant branch"):
+        BranchConfig(pvm_hidden_size=10, heads=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'heads'"):  # the branch's, not the released's
         PVMConfig(heads=2, gate="channel")
-    with pytest.raises(ValueError, match="expander_init applies only to variant released"):
-        PVMConfig(variant="branch", expander_init="zero")
-    with pytest.raises(ValueError, match="output_norm applies only to variant released"):
-        PVMConfig(variant="branch", output_norm=False)
+    with pytest.raises(ValueError, match="expander_init applies only to the released block"):
+        BranchConfig(expander_init="zero")
+    with pytest.raises(ValueError, match="output_norm applies only to the released block"):
+        BranchConfig(output_norm=False)
     with pytest.raises(ValueError, match="output_norm must be true or false"):
         PVMConfig(output_norm="no")
     with pytest.raises(ValueError, match="layers: layer 9 is out of range for a model with 4 decoder layers"):
@@ -72,7 +73,7 @@ def test_zero_gate_is_bit_identical_and_detach_restores(preset, processor):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_cached_generation_equals_full_forward(preset, processor):
     model = build_model(preset, processor.tokenizer)
-    attach_pvm(model, PVMConfig(variant="branch", layers=[0, 2], heads=2, gate="channel"))
+    attach_pvm(model, BranchConfig(layers=[0, 2], heads=2, gate="channel"))
     _set_gates(model, 0.7)
     inputs = tiny_inputs(preset, processor, [PROMPTS[0]] * 3)  # no padding: plain forward positions agree
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False, output_scores=True,
@@ -92,10 +93,9 @@ def test_cached_generation_equals_full_forward(preset, processor):
 
 
 def test_local_invariance_and_silencing():
-    from keepsight.pvm.module import PVMBranch
 
     torch.manual_seed(0)
-    branch = PVMBranch(32, PVMConfig(variant="branch", pvm_hidden_size=16, heads=2))
+    branch = PVMBranch(32, BranchConfig(pvm_hidden_size=16, heads=2))
     with torch.no_grad():
         branch.gate.fill_(1.0)
     visual = torch.randn(2, 5, 32)
@@ -154,7 +154,7 @@ def test_training_step_changes_only_pvm(processor):
 
 def test_save_load_bit_identical_and_mismatch_refused(processor, tmp_path):
     model = build_model("tiny-llava", processor.tokenizer)
-    attach_pvm(model, PVMConfig(variant="branch", layers=[1, 2], heads=2))
+    attach_pvm(model, BranchConfig(layers=[1, 2], heads=2))
     _set_gates(model, 0.3)
     with torch.no_grad():
         for p in model.pvm.parameters():
@@ -192,7 +192,7 @@ def test_parameter_overhead_on_a_qwen3vl_8b_shaped_config():
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(cfg)
         base = sum(p.numel() for p in model.parameters())
-        attach_pvm(model, PVMConfig(variant="branch", pvm_hidden_size=1024))
+        attach_pvm(model, BranchConfig(pvm_hidden_size=1024))
         extra = sum(p.numel() for p in pvm_parameters(model))
     assert model._keepsight_pvm.layers == [8, 16, 24]
     # 3 layers x (4096*1024 down + 1024*4096 up + 1 gate) = 25.2M
@@ -278,3 +278,14 @@ def test_pvm_on_gemma4_kv_shared_layers_generates_as_the_full_forward():
     for step, scores in enumerate(out.scores):
         fin = torch.isfinite(scores)
         torch.testing.assert_close(scores[fin], logits[:, n - 1 + step][fin], atol=1e-4, rtol=1e-4)
+
+
+def test_adapter_configs_are_read_by_the_block_they_record():
+    assert PVMConfig.from_dict(PVMConfig(layers=[1]).to_dict()) == PVMConfig(layers=[1])
+    branch = BranchConfig(heads=2, pvm_hidden_size=8)  # our earlier reading (keepsight.pvm.readings)
+    assert branch.to_dict()["variant"] == "branch" and PVMConfig.from_dict(branch.to_dict()) == branch
+    old = {k: v for k, v in branch.to_dict().items() if k not in ("variant", "pvm_hidden_size", "expander_init",
+                                                                   "output_norm")}
+    assert PVMConfig.from_dict({**old, "latent_dim": 8}) == branch  # written before the released block existed
+    with pytest.raises(ValueError, match=r"unknown PVM variant 'tiny': keepsight reads \['branch', 'released'\]"):
+        PVMConfig.from_dict({"variant": "tiny"})

@@ -20,6 +20,7 @@ from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGenera
 
 from keepsight.data import chat_example
 from keepsight.pvm import PVMConfig, PVMMemoryBlock, attach_pvm, pvm_memory, pvm_parameters
+from keepsight.pvm.readings import BranchConfig
 from keepsight.world import generate_scenes, render, world_config
 from keepsight.world.models import build_model, preset_processor
 
@@ -365,7 +366,7 @@ def test_convert_between_adapter_files_and_the_released_layout(tmp_path):
     # a base without PVM cannot become an adapter; a branch adapter cannot enter the released layout
     assert main(["pvm", "convert", "--model", str(base), "--out", str(tmp_path / "none")]) == 2
     branch, _ = load_checkpoint(base, dtype="float32", device="cpu")
-    attach_pvm(branch, PVMConfig(variant="branch", layers=[1]))
+    attach_pvm(branch, BranchConfig(layers=[1]))
     save_pvm(branch, tmp_path / "branch")
     assert main(["pvm", "convert", "--model", str(base), "--pvm", str(tmp_path / "branch"), "--out",
                  str(tmp_path / "r2")]) == 2

@@ -3,10 +3,13 @@ import torch
 from safetensors.torch import load_file
 
 from keepsight.pvm import PVMConfig
+from keepsight.pvm.readings import BranchConfig
 from keepsight.train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from keepsight.world import generate_scenes, world_config
 from keepsight.world.models import build_model
 from keepsight.world.tasks import WorldSamples, instruct_data
+
+PVM_CONFIGS = {"released": PVMConfig, "branch": BranchConfig}  # each block's settings
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +33,11 @@ def test_sft_trains_only_the_adapter_and_moves_the_gate(variant, base_dir, sampl
 
     cfg = PVMTrainConfig(steps=8, lr=1e-2, gate_lr=5e-2, batch_size=4, save_every=4)
     summary = train_pvm_sft(base_dir, instruct_data(samples), tmp_path / "a",
-                            PVMConfig(variant=variant, layers=[1, 2]), cfg, progress=False)
+                            PVM_CONFIGS[variant](layers=[1, 2]), cfg, progress=False)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".keepsight", "pvm.safetensors", "pvm_config.json",
                                                                     "pvm_train.json"]
     weights = load_file(str(tmp_path / "a" / "pvm.safetensors"))
-    block = build_block(build_model("tiny-llava", processor.tokenizer).config.text_config, PVMConfig(variant=variant))
+    block = build_block(build_model("tiny-llava", processor.tokenizer).config.text_config, PVM_CONFIGS[variant]())
     assert set(weights) == {f"pvm.{i}.{k}" for i in (1, 2) for k, _ in block.named_parameters()}
     if variant == "branch":
         assert {k for k, _ in block.named_parameters()} == {"down.weight", "up.weight", "gate"}

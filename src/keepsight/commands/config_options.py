@@ -3,8 +3,8 @@ the field's converter (``keepsight.inference.arguments.field_converter``, the on
 its help from the field's comment, its default shown from the dataclass (the one source of it); values are checked by
 the config itself when it is built (litgpt's way of exposing configs).
 
-    add_config_options(parser, "pvm", PVMConfig, skip={"layers"})   # --pvm.normalize_v rms, --pvm.key_proj, ...
-    settings = given_settings(args, "pvm", PVMConfig)                 # only what the user gave: {"normalize_v": "rms"}
+    add_config_options(parser, "pvm", PVMConfig, skip={"layers"})   # --pvm.expander_init zero, --no-pvm.output_norm, ...
+    settings = given_settings(args, "pvm", PVMConfig)                 # only what the user gave: {"expander_init": "zero"}
 """
 
 from __future__ import annotations

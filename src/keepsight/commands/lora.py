@@ -18,7 +18,7 @@ from .options import (
     user_data,
 )
 
-PVM_SHORT = {"variant", "layers", "pvm_hidden_size"}  # config fields with their own short option
+PVM_SHORT = {"layers", "pvm_hidden_size"}  # config fields with their own short option
 TRAIN_SHORT = {"steps", "lr", "batch_size", "seed", "max_length", "skip_bad_rows"}
 
 
@@ -30,7 +30,6 @@ def add_parser(sub) -> None:
     data_args(lt)
     lt.add_argument("--out", required=True, help="adapter directory (PEFT format)")
     lt.add_argument("--layers", type=int, nargs="+", help="the PVM layers to match (default: strided)")
-    lt.add_argument("--variant", default="released", choices=["released", "branch"], help="the PVM block to match")
     lt.add_argument("--pvm-hidden-size", type=positive_int, help="the PVM latent width to match (default: PVM's)")
     lt.add_argument("--steps", type=positive_int, help=f"default: {LoRATrainConfig.steps}")
     lt.add_argument("--lr", type=positive_float, help=f"default: {LoRATrainConfig.lr}")
@@ -47,7 +46,7 @@ def add_parser(sub) -> None:
 
 def run_train(args) -> int:
     check_output_dir(args.out, "--out", kinds=(LoRARecipe.kind,), inputs=[args.model, args.data])
-    pvm_cfg = PVMConfig(variant=args.variant, layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
+    pvm_cfg = PVMConfig(layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
                         **given_settings(args, "pvm", PVMConfig))
     short = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_size=args.batch_size).items() if v is not None}
     cfg = LoRATrainConfig(**short, **given_settings(args, "train", LoRATrainConfig), seed=args.seed,

@@ -33,13 +33,13 @@ from .options import (
 WORLD_TASKS = ("describe", "open")  # grpo on a world: the default prompts
 REWARDS = ("exact",)  # grpo on a user's data: the default reward
 # options of one stage only (the other stage refuses them)
-SFT_ONLY = ("variant", "layers", "pvm_hidden_size", "heads", "gate", "batch_size")
+SFT_ONLY = ("layers", "pvm_hidden_size", "batch_size")
 GRPO_ONLY = ("init", "trainable", "beta", "num_generations", "prompts_per_step", "max_completion_length", "tasks",
              "reward")
 # each stage's training config: --train.FIELD reaches the one of --stage
 STAGE_CONFIGS = {"sft": PVMTrainConfig, "grpo": GRPOTrainConfig}
 # config fields that have their own short option above (--layers, --steps, ...)
-PVM_SHORT = {"variant", "layers", "pvm_hidden_size", "heads", "gate"}
+PVM_SHORT = {"layers", "pvm_hidden_size"}
 TRAIN_SHORT = {"steps", "lr", "gate_lr", "batch_size", "seed", "max_length", "skip_bad_rows", "beta", "num_generations",
                "prompts_per_step", "max_completion_length", "trainable"}
 
@@ -52,14 +52,10 @@ def add_parser(sub) -> None:
     data_args(pt)
     pt.add_argument("--out", required=True, help="adapter directory (pvm_config.json + pvm.safetensors)")
     pt.add_argument("--init", help="grpo: the stage-1 adapter to start from (also the KL reference)")
-    pt.add_argument("--variant", choices=["released", "branch"], help="sft: the block the authors released "
-                    "(default) or our earlier reading of the paper (branch)")
     pt.add_argument("--layers", type=int, nargs="+", help="sft: decoder layers (default: strided; the release: 8 16 24 "
                     "for Qwen3-VL-8B, 5 11 17 for 4B)")
     pt.add_argument("--pvm-hidden-size", type=positive_int, help="sft: the latent width (default: 512 as released, at "
-                    "most width / 4 on narrower models; branch: width / 4)")
-    pt.add_argument("--heads", type=positive_int, help="sft, --variant branch: retrieval heads (default 1)")
-    pt.add_argument("--gate", choices=["scalar", "channel"], help="sft, --variant branch (default scalar)")
+                    "most width / 4 on narrower models)")
     sft, grpo, sft_r, grpo_r = PVMTrainConfig(), GRPOTrainConfig(), PVMTrainConfig.released(), GRPOTrainConfig.released()
     pt.add_argument("--recipe", default="ours", choices=["ours", "released"], help=f"the training settings: ours (sft "
                     f"lr {sft.lr:g}, gate {sft.gate_lr:g}, batch {sft.batch_size}; grpo lr {grpo.lr:g}, "
@@ -165,9 +161,8 @@ def run_train(args) -> int:
         print(f"reward {first.get('reward', float('nan')):.3f} -> {last.get('reward', float('nan')):.3f}; "
               f"adapter in {args.out}")
         return 0
-    branch = {k: v for k, v in (("heads", args.heads), ("gate", args.gate)) if v is not None}
-    pvm_cfg = PVMConfig(variant=args.variant or "released", layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
-                        **branch, **given_settings(args, "pvm", PVMConfig))
+    pvm_cfg = PVMConfig(layers=args.layers or "strided", pvm_hidden_size=args.pvm_hidden_size,
+                        **given_settings(args, "pvm", PVMConfig))
     make = PVMTrainConfig.released if args.recipe == "released" else PVMTrainConfig
     short = dict(steps=args.steps, lr=args.lr, gate_lr=args.gate_lr, batch_size=args.batch_size)
     given = {**{k: v for k, v in short.items() if v is not None}, **given_settings(args, "train", PVMTrainConfig)}

@@ -1,5 +1,5 @@
-"""Persistent Visual Memory: the released bottleneck block (default) or our earlier branch, beside the FFN of chosen
-decoder layers, reading only the visual embeddings."""
+"""Persistent Visual Memory: the released bottleneck block beside the FFN of chosen decoder layers, reading only the
+visual embeddings (our earlier reading, a branch, is ``keepsight.pvm.readings``)."""
 
 from .attach import (
     Memory,
@@ -14,8 +14,7 @@ from .attach import (
 from .block import PVMMemoryBlock
 from .config import RELEASED_LAYERS, PVMConfig, strided_layers
 from .io import load_pvm, save_pvm
-from .module import PVMBranch
 
-__all__ = ["RELEASED_LAYERS", "Memory", "PVMBranch", "PVMConfig", "PVMMemoryBlock", "attach_pvm", "build_block",
+__all__ = ["RELEASED_LAYERS", "Memory", "PVMConfig", "PVMMemoryBlock", "attach_pvm", "build_block",
            "detach_pvm", "load_pvm", "pvm_disabled", "pvm_memory", "pvm_parameters", "gate_report", "save_pvm",
            "strided_layers"]

@@ -4,7 +4,7 @@ Blocks live in ``model.pvm`` (a ``ModuleDict`` keyed by layer index), so every P
 ``pvm.<layer>.*`` and no base weight is renamed; they are kept in fp32 (master weights) under a bf16 / fp16
 backbone unless ``PVMConfig.master_dtype="model"``. Forward hooks add each block's update to its layer's FFN
 output; the released block's query is the input of the layer's post-attention norm (the residual stream after
-self-attention: a pre-hook keeps it), the branch variant's the FFN's own input.
+self-attention: a pre-hook keeps it), our earlier branch's (``keepsight.pvm.readings``) the FFN's own input.
 
 The visual memory V (the rows of ``inputs_embeds`` at image / video positions) is captured on a sequence's first
 forward by a pre-hook on the language model. It lives with the generation's state, not on the model: a forward
@@ -25,7 +25,7 @@ from torch import nn
 from ..models.arch import arch_info, check_method, starts_sequence
 from .block import PVMMemoryBlock, visual_masks
 from .config import PVMConfig
-from .module import PVMBranch
+from .readings import PVMBranch
 
 PREFIX = "pvm."
 MEMORY = "_keepsight_pvm_memory"  # the attribute of a generation's KV cache that holds its visual memory
@@ -74,7 +74,8 @@ def _state(model: nn.Module) -> _State:
 
 
 def build_block(text_config, config: PVMConfig) -> nn.Module:
-    """One PVM block of ``config.variant`` for a backbone whose text config is ``text_config``."""
+    """One PVM block for a backbone whose text config is ``text_config``: the released block, or the branch of our
+    earlier reading for its ``BranchConfig``."""
     if config.variant == "released":
         return PVMMemoryBlock(text_config, config)
     return PVMBranch(text_config.hidden_size, config)

@@ -42,7 +42,7 @@ def released_pvm_config(config: dict) -> PVMConfig | None:
     layers = text["pvm_layers"]
     if not isinstance(layers, list) or not layers:
         raise ValueError(f"text_config.pvm_layers must be a non-empty list of layer indices, got {layers!r}")
-    return PVMConfig(variant="released", layers=layers, pvm_hidden_size=text["pvm_hidden_size"])
+    return PVMConfig(layers=layers, pvm_hidden_size=text["pvm_hidden_size"])
 
 
 def backbone_config(config: dict):

@@ -1,5 +1,8 @@
-"""The PVM branch (``PVMConfig(variant="branch")``): our earlier reading of the paper, before the authors released
-their block (``keepsight.pvm.block``). Latent cross-attention from text hidden states to the visual embeddings:
+"""Our earlier reading of PVM, written before the authors released their block (``keepsight.pvm.block``): a branch
+beside the FFN, kept for its tests and for adapters it trained, outside the default API (``keepsight pvm train``
+trains the released block). ``attach_pvm(model, BranchConfig(...))`` attaches it; ``load_pvm`` reads its adapters.
+
+Latent cross-attention from text hidden states to the visual embeddings:
 
     x_lat = W_down x              [B, T, d']     (x: hidden state entering the FFN)
     V_lat = W_down V'             [B, M, d']     (V: visual embeddings as inserted into the LLM input;
@@ -16,14 +19,73 @@ visual side (K, V_lat) depends only on V: ``project_visual`` computes it once pe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
-from .config import PVMConfig
+from ..checks import number
+from .config import CONFIG_READERS, PVMConfig
+
+
+@dataclass
+class BranchConfig(PVMConfig):
+    """The branch's settings: the released block's placement and memory settings (``pvm_hidden_size`` is d', default
+    width / 4), with its own retrieval options; the released block's ``expander_init`` and ``output_norm`` do not
+    apply."""
+
+    variant: ClassVar[str] = "branch"
+    heads: int = 1  # d' split into heads for the latent retrieval
+    shared_down: bool = True  # one W_down for text queries and visual keys/values (paper); False = separate
+    gate: str = "scalar"  # "scalar" | "channel": lambda, initialised to 0 (model starts as the base)
+    normalize_v: str = "none"  # "rms": V goes through an RMSNorm (learnable scale, init 1) before W_down
+    key_proj: bool = False  # True: a separate key projection W_k V (values stay W_down V)
+    temperature: float = 1.0  # retrieval logits / (sqrt(d'_h) * temperature)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        stray = [k for k, v in (("expander_init", "backbone"), ("output_norm", True)) if getattr(self, k) != v]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} only to the released "
+                             "block, not the branch")
+        self.heads = number("heads", self.heads, 1, integer=True)
+        if self.pvm_hidden_size is not None and self.pvm_hidden_size % self.heads:
+            raise ValueError(f"pvm_hidden_size {self.pvm_hidden_size} must be divisible by heads {self.heads}")
+        if self.gate not in ("scalar", "channel"):
+            raise ValueError(f"gate must be 'scalar' or 'channel', got {self.gate!r}")
+        for name in ("shared_down", "key_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.normalize_v not in ("none", "rms"):
+            raise ValueError(f"normalize_v must be 'none' or 'rms', got {self.normalize_v!r}")
+        self.temperature = number("temperature", self.temperature, 1e-3, 1e3)
+
+    def resolve_latent(self, hidden: int) -> int:
+        """d' for a model of width ``hidden``: at most ``hidden`` (W_down projects down)."""
+        d = self.pvm_hidden_size if self.pvm_hidden_size is not None else max(self.heads, hidden // 4)
+        if d > hidden:
+            raise ValueError(f"pvm_hidden_size {d} exceeds the model width {hidden}; the branch's W_down projects "
+                             "down (d' <= d; the paper: 1024 of 4096)")
+        if d % self.heads:
+            raise ValueError(f"pvm_hidden_size {d} must be divisible by heads {self.heads}")
+        return d
+
+
+def read_config(fields: dict) -> BranchConfig:
+    """The branch's config from an adapter's recorded fields; adapters written before the released block existed
+    record no ``variant`` and name d' ``latent_dim``."""
+    fields = dict(fields)
+    if "latent_dim" in fields:
+        fields["pvm_hidden_size"] = fields.pop("latent_dim")
+    return BranchConfig(**fields)
+
+
+CONFIG_READERS.update({BranchConfig.variant: read_config, None: read_config})
 
 
 class PVMBranch(nn.Module):
-    def __init__(self, hidden: int, config: PVMConfig):
+    def __init__(self, hidden: int, config: BranchConfig):
         super().__init__()
         self.latent = config.resolve_latent(hidden)
         self.heads = config.heads
