@@ -14,15 +14,21 @@ PROBE = ("import sys, os; assert 'torch' not in sys.modules; sys.argv = ['keepsi
          "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
 
 
-def _probe(argv=(), **env) -> str:
+def _probe(argv=(), stderr: list | None = None, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    return subprocess.run([sys.executable, "-c", PROBE.format(argv=list(argv))], env={**clean, **env},
-                          capture_output=True, text=True, check=True).stdout.strip()
+    run = subprocess.run([sys.executable, "-c", PROBE.format(argv=list(argv))], env={**clean, **env},
+                         capture_output=True, text=True, check=True)
+    if stderr is not None:
+        stderr.append(run.stderr)
+    return run.stdout.strip()
 
 
 def test_the_console_script_sets_the_policy_before_torch_loads_unless_the_user_did():
     assert _probe(["models"]) == f"{SPINCOUNT} None"  # --threads auto: never more threads than cores free
-    assert _probe(["demo", "--threads", str(10**6)]) == "None PASSIVE"  # more threads than any machine has free
+    said: list = []
+    assert _probe(["demo", "--threads", str(10**6)], said) == "None PASSIVE"  # more threads than any machine has free
+    assert "OMP_WAIT_POLICY=PASSIVE" in said[0] and "for the whole run" in said[0]  # a choice for the run: told
+    assert _probe(["models"], said) == f"{SPINCOUNT} None" and "PASSIVE" not in said[1]
     assert _probe(["demo", "--threads", str(10**6)], GOMP_SPINCOUNT="300000") == "300000 None"
     assert _probe(OMP_WAIT_POLICY="ACTIVE") == "None ACTIVE"
 

@@ -3,9 +3,11 @@ at and the cores free now) set before anything loads torch, then the command lin
 
 import sys
 
-from .openmp import requested_threads, set_wait_policy
+from .openmp import passive_note, requested_threads, set_wait_policy
 
-set_wait_policy(threads=requested_threads(sys.argv[1:]))
+_threads = requested_threads(sys.argv[1:])
+if set_wait_policy(threads=_threads) == "PASSIVE":  # chosen once, for the whole run: say so
+    print(passive_note(_threads), file=sys.stderr)
 
 from .cli import main  # noqa: E402  (torch loads here, after the policy is set)
 

@@ -23,6 +23,14 @@ USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # a user who set either k
 PINNED_THREADS = {("demo",): DEFAULT_THREADS, ("world", "train"): DEFAULT_THREADS}
 
 
+def passive_note(threads: int) -> str:
+    """What a command started beside busy cores is told: its threads sleep when idle for the whole run."""
+    return (f"keepsight: note: fewer than {threads} cores were free when this command started, so its {threads} "
+            "threads sleep whenever idle (OMP_WAIT_POLICY=PASSIVE) for the whole run: about 1.7x slower if the cores "
+            f"free up; GOMP_SPINCOUNT={SPINCOUNT} in the environment keeps them spinning briefly instead (README, "
+            "\"A busy machine\")")
+
+
 def wait_policy(environ=os.environ) -> str:
     """How this process's OpenMP threads wait, as a run's provenance states it: ``OMP_WAIT_POLICY=...`` or
     ``GOMP_SPINCOUNT=...`` as set (by ``set_wait_policy`` or the user), or libgomp's default where neither is."""
