@@ -1,8 +1,9 @@
 """Monotonic RoPE Scaling (MRS) and the NTK / YaRN drop-in baselines.
 
-As released (github.com/hong-sujung/MPD-PAC, ``LLaDARotaryEmbedding.make_monotonic_freq_mask``): every RoPE angle ``position * inv_freq_i`` is multiplied by ``s_i = 1 + beta * y(tau_i)``,
-``tau_i = i / (D/2 - 1)`` over the frequency index (0: the highest), the same scale for both dims of a pair, for
-every token (``keepsight.ops.rope.angle_scales``; its ``rope`` argument is ``10 * beta``). Since the angle is linear
+As released (github.com/hong-sujung/MPD-PAC, ``LLaDARotaryEmbedding.make_monotonic_freq_mask``): every RoPE angle
+``position * inv_freq_i`` is multiplied by ``s_i = 1 + beta * y(tau_i)``, ``tau_i = i / (D/2 - 1)`` over the
+frequency index (0: the highest), the same scale for both dims of a pair, for every token
+(``keepsight.ops.rope.angle_scales``; its ``rope`` argument is ``10 * beta``). Since the angle is linear
 in the position this is ``inv_freq_i * s_i``, swapped into the rotary module inside ``apply``.
 
 Our earlier readings of the paper (gains on each pair's attention logit, or on its frequency) are
@@ -10,8 +11,8 @@ Our earlier readings of the paper (gains on each pair's attention logit, or on i
 
 Segments: ``"all"`` (default) or a subset of {"visual", "prompt", "generation"}. Transformers rotates q and
 k with the same cos/sin, so the scaling is per *token*: a token in the chosen segments has both its query
-and its key scaled. A logit between two chosen tokens gets g_i per pair, between a chosen and an
-unchosen token the scale of one of them, between two unchosen tokens none. Segment membership is read per
+and its key scaled: a logit between two chosen tokens is scaled on both sides, between a chosen and an unchosen
+token on one, between two unchosen tokens not at all. Segment membership is read per
 forward from the ``input_ids`` given to the model passed to ``apply`` (visual = image token; generation =
 columns >= ``gen_start``; prompt = the other columns before ``gen_start``), or from ``segment_mask``
 (a ``[B, T]`` bool tensor or a callable ``input_ids -> [B, T]``; it overrides ``segments``). Segment

@@ -188,5 +188,6 @@ def _fit(obj, model, tokenizer):
 MPS_PROJECTION = Method(name="mps_projection", stage="decode", family="diffusion", config=ProjectionMPSConfig,
                         build=ProjectionMPS, prepare=_fit, needs="the model's mask token")
 MRS_GAINS = Method(name="mrs_gains", stage="decode", family="diffusion", config=RoPEGainsConfig, build=RoPEGains,
-                   needs="a RoPE text model", enter=lambda obj, model, prompt_len: obj.apply(model, gen_start=prompt_len))
+                   needs="a RoPE text model",
+                   enter=lambda obj, model, prompt_len: obj.apply(model, gen_start=prompt_len))
 READINGS = {m.name: m for m in (MPS_PROJECTION, MRS_GAINS)}
