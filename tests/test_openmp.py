@@ -79,3 +79,25 @@ def test_the_pinned_commands_are_those_whose_parser_pins_the_threads():
         if action is not None and action.default != "auto":
             pinned[path] = action.default
     assert pinned == PINNED_THREADS
+
+
+def test_a_neighbour_that_passes_in_a_moment_does_not_make_a_run_sleep(monkeypatch):
+    """The choice holds for the whole run (libgomp reads it once): the cores free are read again ``RECHECK_S`` later
+    before a pinned run sleeps its threads, and only a neighbour still there makes it."""
+    import types
+
+    import keepsight.openmp as omp
+
+    slept: list = []
+    monkeypatch.setattr(omp, "time", types.SimpleNamespace(sleep=slept.append))
+    reads = iter([1, 2])  # one core busy at the first read, both free at the second
+    monkeypatch.setattr(omp, "free_cores", lambda **kw: next(reads))
+    assert not omp.busy_for(2) and slept == [omp.RECHECK_S]
+    env: dict = {}
+    reads = iter([1, 2])
+    assert set_wait_policy(env, threads=2) == SPINCOUNT and env == {"GOMP_SPINCOUNT": SPINCOUNT}
+    reads = iter([1, 1])  # still there: sleep
+    assert set_wait_policy(env := {}, threads=2) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    slept.clear()
+    reads = iter([2])  # free at once: no second read, no wait
+    assert not omp.busy_for(2) and slept == []
