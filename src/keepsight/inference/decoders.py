@@ -30,11 +30,13 @@ class Decoders:
             if not isinstance(request, (tuple, list)) or len(request) != 2 or not isinstance(request[0], (str, Method)):
                 raise TypeError(f"Decoders takes (name, settings) pairs, got {request!r}")
             name, settings = request
-            entry = name if isinstance(name, Method) else get_method(name, stage="decode", family=family)
-            if entry.stage != "decode" or family not in (None, entry.family):
-                raise ValueError(f"{entry.name} is a {entry.family} method of stage {entry.stage!r}; expected a "
+            if not isinstance(name, Method):  # a registry name: get_method checks its stage and family
+                self.add(get_method(name, stage="decode", family=family), settings)
+                continue
+            if name.stage != "decode" or family not in (None, name.family):
+                raise ValueError(f"{name.name} is a {name.family} method of stage {name.stage!r}; expected a "
                                  f"decoding method{'' if family is None else ' of family ' + repr(family)}")
-            self.add(entry, settings)
+            self.add(name, settings)
 
     def add(self, entry: Method, settings: dict | None = None):
         """Build ``entry``'s method object with ``settings`` and append it; returns the object. A method already
