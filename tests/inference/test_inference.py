@@ -97,9 +97,10 @@ def test_pipeline_decodes_as_plain_generate(base, processor, images):
         pipe.generate(QUESTIONS, images, images_per_prompt=[2, 1])
 
 
-def test_a_model_in_memory_decodes_as_its_saved_checkpoint(base, processor, images, vlm):
+def test_a_model_in_memory_decodes_as_its_saved_checkpoint(base, processor, images):
     """``Pipeline.from_model`` (the world's scoring): the loaded checkpoint's answers, token for token, and a decoding
-    method applied around it acts as in the loaded pipeline; a diffusion model is refused by name."""
+    method applied around it acts as in the loaded pipeline (a diffusion model's: tests/inference/
+    test_diffusion_pipeline.py)."""
     model, path = base
     loaded = Pipeline(path, device="cpu").generate(QUESTIONS, images, max_new_tokens=6).texts
     pipe = Pipeline.from_model(model, processor)
@@ -113,8 +114,6 @@ def test_a_model_in_memory_decodes_as_its_saved_checkpoint(base, processor, imag
         assert pipe.answer(enc, {"max_new_tokens": 6}) == vcd
     assert method.stats()["vcd"]
     assert Pipeline.from_model(model, processor, baseline="vcd").answer(enc, {"max_new_tokens": 6}) == vcd
-    with pytest.raises(ValueError, match="decodes autoregressive models; this is llada_v"):
-        Pipeline.from_model(vlm, processor)
 
 
 def test_min_new_tokens_holds_the_end_of_sequence_back(base, processor, images):

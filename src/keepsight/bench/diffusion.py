@@ -19,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..data import chat_example
-from ..diffusion import generate
-from ..inference import Decoders
+from ..inference import Pipeline
 from ..metrics.stats import median_ci
 from ..models import decoder_stack
 from ..world import generate_scenes as world_scenes
@@ -65,28 +63,22 @@ def _median_ratio(a, b, pairs: int) -> tuple[float, float, float]:
 
 def _setup(batch: int, gen_length: int, block_length: int):
     """The timed model (a random LLaDA-V, width 512, 8 layers), a batch of describe prompts, the prompt length, MPS +
-    MRS at the papers' settings (from the method registry), and ``sample(steps, fixes, **sampler)``: one call of the
-    sampler, the two fixes on or off."""
+    MRS at the papers' settings (from the method registry), and ``sample(steps, fixes, **sampler)``: the call a user
+    makes (``Pipeline.diffuse``, the sampler settings in place of the pipeline's), the two fixes on or off."""
     processor = build_processor()
     preset = replace(PRESETS["tiny-llava"], text_hidden=512, text_layers=8, text_heads=8, text_kv_heads=4,
                      text_intermediate=1536)
     model = build_llada_v(processor, preset).eval()
     cfg = world_config()
     images = [render(s, cfg.noise_std) for s in world_scenes(cfg, batch, seed=0)]
-    enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * batch, images=images, return_tensors="pt")
-    P = enc["input_ids"].shape[1]
-    mps_mrs = Decoders([("mps", {}), ("mrs", {})], family="diffusion").prepare(model, processor.tokenizer)
+    plain = Pipeline.from_model(model, processor, gen_length=gen_length, block_length=block_length)
+    fixed = Pipeline.from_model(model, processor, gen_length=gen_length, block_length=block_length, mps={}, mrs={})
+    enc = plain.encode([plain.chat_prompt(DESCRIBE_PROMPT, 1)] * batch, [[im] for im in images])
 
     def sample(steps: int, fixes: bool, **kw):
-        def go():
-            return generate(model, enc["input_ids"], enc["attention_mask"], enc["pixel_values"], gen_length=gen_length,
-                            steps=steps, block_length=block_length, **kw)
-        if fixes:
-            with mps_mrs.applied(model, P):
-                return go()
-        return go()
+        return (fixed if fixes else plain).diffuse(enc, steps=steps, **kw)
 
-    return model, P, mps_mrs, sample
+    return model, enc["input_ids"].shape[1], fixed.decoders, sample
 
 
 @torch.inference_mode()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..data import chat_example
 from ..fingerprint import digest
+from ..inference import Pipeline
 from ..models import load_checkpoint
 from ..train.bridge import BridgeTrainConfig, train_bridge
 from ..world.base import backbone_init
@@ -52,8 +52,9 @@ def probe_write_gate(model, processor, samples: WorldSamples, n: int = 64) -> di
     seen: list[torch.Tensor] = []
     handle = bridge.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     try:
-        enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * min(n, len(samples)),
-                        images=samples.images[:n], return_tensors="pt")
+        pipe = Pipeline.from_model(model, processor)
+        enc = pipe.encode([pipe.chat_prompt(DESCRIBE_PROMPT, 1)] * min(n, len(samples)),
+                          [[im] for im in samples.images[:n]])
         model(**enc)
     finally:
         handle.remove()

@@ -26,21 +26,18 @@ from pathlib import Path
 
 import torch
 
-from ..data import chat_example
 from ..diffusion import (
     MaskPriorSuppression,
     MPSConfig,
     MRSConfig,
     RoPEBaseline,
-    generate,
     lone_mask_logits,
     prior_cosine,
 )
-from ..diffusion.ends import cut_at_end, end_ids, suppressed_ids
 from ..diffusion.mps import released_states
 from ..diffusion.readings import MPS_PROJECTION, MRS_GAINS
 from ..fingerprint import digest
-from ..inference import Decoders
+from ..inference import Decoders, Pipeline
 from ..metrics import chair, distinct_n, mean_ci, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..probes import RoPEAttentionProbe
@@ -126,21 +123,22 @@ MRS_MODE_SWEEP = {"amplitude_beta": "amplitude", "frequency_beta": "frequency"} 
 
 
 class _Runner:
+    """The held-out scenes' describe prompts, encoded once, and ``run``: one sampling of them by the world diffusion
+    model through ``keepsight.inference.Pipeline`` (its encoding, sampler call and end-of-answer cut), scored."""
+
     def __init__(self, model, processor, samples: WorldSamples, gen_length: int, varied: bool = False,
                  block_length: int | None = None):
         self.model, self.processor, self.samples, self.gen_length = model, processor, samples, gen_length
-        self.block = {} if block_length is None else {"block_length": block_length}  # runs that name no sampler
         self.varied = varied  # descriptions read with the varied phrasings
+        # block_length None: one block over the whole window (the runs that name no sampler)
+        self.pipe = Pipeline.from_model(model, processor, gen_length=gen_length, block_length=block_length)
+        prompt = self.pipe.chat_prompt(DESCRIBE_PROMPT, 1)
+        self.enc = self.pipe.encode([prompt] * len(samples), [[im] for im in samples.images])
+        self.prompt_len = self.enc["input_ids"].shape[1]  # same text, same image size: no padding
         tok = processor.tokenizer
-        enc = processor(text=[chat_example(processor, DESCRIBE_PROMPT)] * len(samples), images=samples.images,
-                        return_tensors="pt", padding=True)
-        self.enc = enc  # every prompt has the same length (same text, same image size): no padding
-        self.prompt_len = enc["input_ids"].shape[1]
         with torch.no_grad():
             self.top10 = set(lone_mask_logits(model, tok.mask_token_id).topk(10).indices.tolist())
         self.top10_tokens = tok.convert_ids_to_tokens(sorted(self.top10))
-        self.suppress = suppressed_ids(model, tok)  # the world's tokenizer: pad and bos
-        self.ends = end_ids(model, tok)
 
     def method(self, name: str, mps_kw: dict, mrs_kw: dict, readings: bool = False) -> contextlib.AbstractContextManager:
         """``name`` applied to the runner's model: none, MPS, MRS or both from the method registry (the Pipeline's
@@ -159,13 +157,9 @@ class _Runner:
             callback=None, sampler: dict | None = None, readings: bool = False) -> dict:
         with self.method(name, mps_kw or {}, mrs_kw or {}, readings):
             t0 = time.perf_counter()
-            out = generate(self.model, self.enc["input_ids"], self.enc["attention_mask"], self.enc["pixel_values"],
-                           gen_length=self.gen_length, steps=steps, suppress_token_ids=self.suppress,
-                           generator=torch.Generator().manual_seed(0), callback=callback,
-                           **(self.block if sampler is None else sampler))
+            out = self.pipe.diffuse(self.enc, steps=steps, callback=callback, **(sampler or {}))
             seconds = time.perf_counter() - t0
-        texts = [self.processor.tokenizer.decode(row, skip_special_tokens=True).strip()
-                 for row in cut_at_end(out.generated, self.ends)]
+        texts = self.pipe.texts(out.generated)
         gen = out.generated.tolist()
         eos = self.processor.tokenizer.eos_token_id
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]

@@ -1,7 +1,8 @@
 """Load a checkpoint with a method and decode: the one path behind ``keepsight eval``, the lmms-eval model, the
-world's scoring and the ``baselines`` / ``probe-overhead`` benchmarks (``Pipeline.from_model`` around a model in
-memory); the diffusion experiment applies the same ``Decoders`` around its own sampler loop, and ``bench pvm-decode``
-/ ``bench diffusion`` time single decode steps and sampler forwards of their own.
+world's scoring and experiments, and the benchmarks that time decoding (``Pipeline.from_model`` around a model in
+memory): the chat prompt, the encoding, the autoregressive generate or the diffusion sampler (``diffuse``), the
+end-of-answer cut (``texts``). Code that applies several decoding methods in turn to one model (the diffusion
+experiment's sweeps) applies the same ``Decoders`` around ``diffuse``; ``bench pvm-decode`` times single decode steps.
 
     from keepsight.inference import Pipeline
     pipe = Pipeline("runs/full/base", baseline="vcd")             # any supported checkpoint directory
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..data import padding_side
+from ..diffusion import DiffusionOutput
 from ..diffusion import generate as diffusion_generate
 from ..diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
 from ..diffusion.sampler import user_settings
@@ -88,21 +90,23 @@ class Pipeline:
         self._decoders.prepare(self._model, self.tokenizer)
 
     @classmethod
-    def from_model(cls, model, processor, max_new_tokens: int = MAX_NEW_TOKENS, system_prompt: str | None = None,
-                   baseline: str | None = None, baseline_args: dict | None = None) -> Pipeline:
-        """A pipeline around an autoregressive ``model`` already in memory, used as it is: a world experiment's arm
-        (the base with its method attached, or with a decoding method applied around the calls), a benchmark's model.
-        Greedy unless asked otherwise; ``baseline`` / ``baseline_args`` as ``__init__``'s (applied around each batch,
-        so pipelines with and without one can share the model)."""
+    def from_model(cls, model, processor, **settings) -> Pipeline:
+        """A pipeline around a ``model`` already in memory, used as it is: a world experiment's arm (the base with its
+        method attached, or with a decoding method applied around the calls), a benchmark's model. ``settings``:
+        ``__init__``'s, less those of the load (``pretrained``, ``method``, ``pvm``, ``dtype``, ``device``); a
+        masked-diffusion model is decoded by ``method="diffusion"`` and takes the sampler's settings, an autoregressive
+        one ``baseline`` / ``baseline_args`` (applied around each batch, so pipelines with and without one can share
+        the model). Greedy unless asked otherwise."""
+        unknown = sorted(set(settings) - set(FROM_MODEL_SETTINGS))
+        if unknown:
+            raise TypeError(f"Pipeline.from_model() got unknown settings {unknown}; it takes {list(FROM_MODEL_SETTINGS)}")
         self = cls.__new__(cls)
-        self._settings(method="none", pvm=None, baseline=baseline, baseline_args=baseline_args, mps=None, mrs=None,
-                       decoding=None,
-                       max_new_tokens=max_new_tokens, steps=None, gen_length=None, block_length=None, cfg_scale=0.0,
-                       remasking="low_confidence", seed=0, system_prompt=system_prompt, sampler=None)
+        kind = kind_of(model.config)
+        method = "diffusion" if ARCHITECTURES[kind].family == "diffusion" else "none"
+        defaults = {k: v for k, v in pipeline_defaults().items() if k in FROM_MODEL_SETTINGS}
+        self._settings(method=method, pvm=None, **{**defaults, **settings})
         self.path = None
-        self.kind = kind_of(model.config)
-        if ARCHITECTURES[self.kind].family == "diffusion":
-            raise ValueError(f"Pipeline.from_model decodes autoregressive models; this is {self.kind}")
+        self.kind = kind
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
         self._model, self._processor = model, processor
@@ -221,6 +225,11 @@ class Pipeline:
         return self._processor.tokenizer
 
     @property
+    def decoders(self) -> Decoders:
+        """The decoding methods applied around each batch (``Decoders.get(name)``: one of them, prepared)."""
+        return self._decoders
+
+    @property
     def device(self) -> torch.device:
         return self._device
 
@@ -330,7 +339,8 @@ class Pipeline:
             if s.get("min_new_tokens"):
                 raise ValueError("min_new_tokens applies to autoregressive decoding; a diffusion model fills "
                                  "gen_length (set gen_length instead)")
-            new = self._diffuse(enc, s)
+            out = self.diffuse(enc, s["max_new_tokens"], temperature=s["temperature"] if s["do_sample"] else 0.0)
+            texts = self.texts(out.generated)
         else:
             kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
             if "min_new_tokens" in s:
@@ -343,8 +353,7 @@ class Pipeline:
                 kw["pad_token_id"] = self.tokenizer.pad_token_id
             with self._applied(enc["input_ids"].shape[1]):
                 gen = self._model.generate(**enc, **kw)
-            new = gen[:, enc["input_ids"].shape[1]:]
-        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+            texts = self.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return [self.cut(t, s["until"]) for t in texts]
 
     def _applied(self, prompt_len: int) -> contextlib.ExitStack:
@@ -362,23 +371,33 @@ class Pipeline:
             gen_length = -(-max_new_tokens // block) * block
         return gen_length, self.steps or gen_length, block
 
-    def _diffuse(self, enc, s: dict) -> torch.Tensor:
-        gen_length, steps, block = self.diffusion_settings(s["max_new_tokens"])
-        tok = self.tokenizer
-        suppress = suppressed_ids(self._model, tok)
+    @torch.no_grad()
+    def diffuse(self, enc, max_new_tokens: int | None = None, *, temperature: float = 0.0, callback=None,
+                **overrides) -> DiffusionOutput:
+        """The masked-diffusion sampler's output (``generated [B, G]``, its forward counts) for a left-padded batch
+        ``enc`` (``encode``'s), this pipeline's decoding methods applied: ``gen_length`` / ``steps`` /
+        ``block_length`` from ``diffusion_settings(max_new_tokens)``, the pipeline's sampler settings, the model's
+        banned ids and mask rule (``keepsight.diffusion.ends``), then ``overrides`` (``SamplerConfig`` fields:
+        ``steps``, ``block_length``, ``cache``, ...) in their place; ``callback`` as ``keepsight.diffusion.generate``'s.
+        ``texts(out.generated)`` reads the answers."""
+        if self._entry.family != "diffusion":
+            raise ValueError(f"diffuse() decodes masked-diffusion models; method is {self.method}")
+        gen_length, steps, block = self.diffusion_settings(max_new_tokens or self.max_new_tokens)
+        settings = {"gen_length": gen_length, "steps": steps, "block_length": block, "temperature": temperature,
+                    "cfg_scale": self.cfg_scale, "remasking": self.remasking,
+                    "suppress_token_ids": suppressed_ids(self._model, self.tokenizer),
+                    "ban_mask": bans_mask(self._model), **self.sampler, **overrides}
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
-        prompt_len = enc["input_ids"].shape[1]
-        with self._applied(prompt_len):
-            out = diffusion_generate(self._model, enc["input_ids"], enc.get("attention_mask"), enc.get("pixel_values"),
-                                     gen_length=gen_length, steps=steps, block_length=block,
-                                     temperature=s["temperature"] if s["do_sample"] else 0.0, cfg_scale=self.cfg_scale,
-                                     remasking=self.remasking, suppress_token_ids=suppress,
-                                     generator=torch.Generator().manual_seed(self.seed), model_kwargs=extra,
-                                     **{"ban_mask": bans_mask(self._model), **self.sampler})
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        rows = cut_at_end(out.generated, end_ids(self._model, tok))  # padded to a rectangle below
-        width = max(len(r) for r in rows)
-        return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long).view(len(rows), width)
+        with self._applied(enc["input_ids"].shape[1]):
+            return diffusion_generate(self._model, enc["input_ids"], enc.get("attention_mask"), enc.get("pixel_values"),
+                                      generator=torch.Generator().manual_seed(self.seed), callback=callback,
+                                      model_kwargs=extra, **settings)
+
+    def texts(self, generated: torch.Tensor) -> list[str]:
+        """Generated ids ``[B, G]`` (``diffuse``'s) -> each row's answer: its ids before its first end id
+        (``keepsight.diffusion.ends.end_ids``), decoded without special tokens and stripped."""
+        ends = end_ids(self._model, self.tokenizer)
+        return [self.tokenizer.decode(row, skip_special_tokens=True).strip() for row in cut_at_end(generated, ends)]
 
     # ------------------------------------------------------------------ scoring
 
@@ -422,3 +441,8 @@ def pipeline_defaults() -> dict:
     where each default is written)."""
     return {k: p.default for k, p in inspect.signature(Pipeline.__init__).parameters.items()
             if p.default is not inspect.Parameter.empty}
+
+
+# the settings of a pipeline around a model in memory (``Pipeline.from_model``): all but the load's
+FROM_MODEL_SETTINGS = tuple(k for k in inspect.signature(Pipeline.__init__).parameters
+                            if k not in ("self", "pretrained", "method", "pvm", "dtype", "device"))

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..data import chat_example, padding_side
+from ..inference import Pipeline
 from ..metrics import least_squares_slope
 from ..models.arch import check_length
 from ..probes import LogitLens, VisualAttentionProbe
@@ -38,14 +38,13 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
     budget = max_new_tokens or description_budget(samples.config.max_objects)
     check_length(model, budget, "max_new_tokens")
     tok = processor.tokenizer
+    pipe = Pipeline.from_model(model, processor)  # its chat prompt and encoding; the lens generates
     lens = LogitLens(model)
     n_layers = len(lens.info.layers)
     sums = None  # accumulated per step: omega [L], log-tvr [L], t, kl [L], agree [L], conv, count
     for i in range(0, len(samples), batch_size):
-        texts = [chat_example(processor, PROMPTS[prompt])] * len(samples.images[i : i + batch_size])
-        with padding_side(tok, "left"):
-            enc = processor(text=texts, images=[[im] for im in samples.images[i : i + batch_size]], return_tensors="pt",
-                            padding=True)
+        images = [[im] for im in samples.images[i : i + batch_size]]
+        enc = pipe.encode([pipe.chat_prompt(PROMPTS[prompt], 1)] * len(images), images, "left")
         with VisualAttentionProbe(model) as probe:
             ids, lens_steps = lens.generate(dict(enc), budget, pad_token_id=tok.pad_token_id,
                                             eos_token_id=tok.eos_token_id)
