@@ -15,11 +15,16 @@ LAYERS = {
     "pvm": 3, "diffusion": 3, "baselines": 3,
     "data": 4, "train": 4,
     "inference": 5,
-    "world": 6,  # the demo's world decodes and scores through inference, like every user of the library
-    "experiments": 7, "bench": 7, "integrations": 7, "report": 7,
-    "demo": 8, "profiles": 8, "commands": 8,
-    "cli": 9, "launch": 10,
+    "integrations": 6,
+    # the demo application on top of the library: the world decodes and scores through inference, like every user
+    "world": 7,
+    "experiments": 8, "bench": 8, "report": 8,
+    "demo": 9, "profiles": 9,
+    "commands": 10, "cli": 11, "launch": 12,  # the command line: the library's commands and the demo's
 }
+LIBRARY = {p for p, layer in LAYERS.items() if layer <= LAYERS["integrations"]}
+APPLICATION = {"world", "experiments", "bench", "report", "demo", "profiles"}
+
 # the only third-party modules a function may import (optional extras), each with a comment on that line
 OPTIONAL = {"trl", "peft", "lmms_eval", "deepspeed", "torchvision"}
 
@@ -81,6 +86,16 @@ def _package(module: str) -> str:
 def test_every_package_has_a_layer():
     packages = {_package(name) for name, _, _ in _modules()}
     assert packages <= set(LAYERS), f"packages without a layer in this test: {sorted(packages - set(LAYERS))}"
+
+
+def test_the_demo_application_sits_above_the_library():
+    """No library package imports the world, the experiments, the benchmarks, the report or the demo: each of those
+    is on a layer above every library one."""
+    assert min(LAYERS[p] for p in APPLICATION) > max(LAYERS[p] for p in LIBRARY)
+    assert not APPLICATION & LIBRARY
+    own, _ = _imports()
+    wrong = [f"{m}:{line} imports {t}" for m, t, line, *_ in own if _package(m) in LIBRARY and _package(t) in APPLICATION]
+    assert not wrong, "the library imports the demo application:\n" + "\n".join(wrong)
 
 
 def test_imports_go_one_way_and_sit_at_module_top():

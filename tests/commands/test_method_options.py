@@ -53,7 +53,10 @@ def test_the_diffusion_switches():
     (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
     (["--diffusion", "--mps.k", "0"], "k must be"),
     (["--diffusion", "--mrs.schedule", "sideways"], "unknown schedule 'sideways'"),
-    (["--sampler.cache", "prompt"], "--sampler.*, --steps and --block-length are for --diffusion"),
+    (["--sampler.cache", "prompt"], "--sampler.*, --steps, --block-length, --cfg-scale and --remasking are for "
+                                    "--diffusion"),
+    (["--remasking", "random"], "--remasking are for --diffusion"),
+    (["--cfg-scale", "1.5"], "--remasking are for --diffusion"),
     (["--diffusion", "--sampler.cache", "all"], "cache must be one of"),
     (["--diffusion", "--sampler.cache", "prompt", "--sampler.refresh_every", "2"], "cache='prompt' records the prompt"),
 ])
@@ -102,6 +105,10 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
         eval_command.load_method(_args("--diffusion", "--sampler.cache", "prompt", "--sampler.threshold", "0.9",
                                        "--sampler.threshold_rule", "schedule"))
     assert seen["sampler"] == {"cache": "prompt", "threshold": 0.9, "threshold_rule": "schedule"}
+    assert (seen["cfg_scale"], seen["remasking"]) == (0.0, "low_confidence")  # the Pipeline's defaults
+    with pytest.raises(KeyboardInterrupt):
+        eval_command.load_method(_args("--diffusion", "--cfg-scale", "1.5", "--remasking", "random"))
+    assert (seen["cfg_scale"], seen["remasking"]) == (1.5, "random")
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--pai.alpha", "0.5"))
     assert seen["baseline"] == "pai" and seen["baseline_args"] == {"alpha": 0.5} and seen["decoding"] == {}

@@ -11,7 +11,7 @@ from keepsight.diffusion import generate
 from keepsight.diffusion.ends import end_ids, suppressed_ids
 from keepsight.experiments.diffusion import _Runner
 from keepsight.inference import Pipeline
-from keepsight.world import generate_scenes, render, world_config
+from keepsight.world import generate_scenes, world_config
 from keepsight.world.tasks import WorldSamples
 from keepsight.world.texts import DESCRIBE_PROMPT
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from keepsight.metrics import mean_ci, paired_bootstrap, wilson
+from keepsight.metrics import least_squares_slope, mean_ci, paired_bootstrap, wilson
 
 
 def test_interval_statistics_on_hand_made_cases():
@@ -17,3 +17,10 @@ def test_interval_statistics_on_hand_made_cases():
     boot = paired_bootstrap([1, 1, 1, 0], [0, 0, 1, 0])
     assert boot["diff"] == pytest.approx(0.5) and boot["low"] <= 0.5 <= boot["high"] and boot["n"] == 4
     assert paired_bootstrap([1, 1], [1, 1])["low"] == 0.0
+
+
+def test_least_squares_slope_is_the_fitted_lines():
+    assert least_squares_slope([0, 1, 2], [1.0, 3.0, 5.0]) == pytest.approx(2.0)
+    assert least_squares_slope([1], [1.0]) is None and least_squares_slope([2, 2], [1.0, 3.0]) is None
+    with pytest.raises(ValueError, match="3 x values but 2 y values"):
+        least_squares_slope([0, 1, 2], [1.0, 2.0])

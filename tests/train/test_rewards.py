@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from keepsight.metrics import early_late
+from keepsight.world.dilution import early_late
 from keepsight.world.rewards import answer_reward, completion_text, description_f1, format_reward
 
 SCENE = {"objects": [

@@ -92,7 +92,7 @@ def test_chat_image_task_shows_the_image_again_before_one_later_question(samples
 def test_describe_then_ask_trains_the_answer_only_and_its_wrong_descriptions_follow_the_image(samples, processor):
     import numpy as np
 
-    from keepsight.metrics.parse import parse_description
+    from keepsight.world.grammar import parse_description
     from keepsight.world.texts import DESCRIBE_PROMPT, description, place
 
     rng = np.random.default_rng(0)

@@ -4,9 +4,9 @@ by the varied parser on hand-made cases."""
 import numpy as np
 import pytest
 
-from keepsight.metrics import chair
-from keepsight.metrics.parse import parse_description
 from keepsight.world import generate_scenes, world_config
+from keepsight.world.chair import chair
+from keepsight.world.grammar import parse_description
 from keepsight.world.tasks import VLMDataset, WorldSamples
 from keepsight.world.texts import scene_vocabulary, varied_description
 

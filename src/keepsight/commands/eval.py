@@ -42,6 +42,7 @@ from ..atomic import (
     write_text,
 )
 from ..data import Sample, open_dataset, open_image, preflight
+from ..diffusion.sampler import REMASKING
 from ..inference import Pipeline, method_names
 from ..inference.pipeline import pipeline_defaults
 from ..jsonl import read_jsonl
@@ -65,7 +66,7 @@ from .method_options import (
     diffusion_methods,
     sampler_settings,
 )
-from .options import DATA_HELP, bounded_int, nonneg_int, positive_int, read_samples
+from .options import DATA_HELP, bounded_int, nonneg_float, nonneg_int, positive_int, read_samples
 
 POPE_KIND = "pope"
 
@@ -99,9 +100,14 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--pvm", help="a PVM adapter directory to apply")
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
-    g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token)")
-    g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
     default = pipeline_defaults()  # the one place each is written
+    g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token of "
+                   "--max-new-tokens, the window the sampler fills)")
+    g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
+    g.add_argument("--cfg-scale", type=nonneg_float, default=default["cfg_scale"],
+                   help="diffusion: classifier-free guidance (0: none; default: %(default)s)")
+    g.add_argument("--remasking", choices=REMASKING, default=default["remasking"],
+                   help="diffusion: which slots a step commits (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=positive_int, default=default["max_new_tokens"],
                    help="new tokens an answer may take (default: %(default)s)")
     g.add_argument("--batch-size", type=positive_int, default=8, help="rows decoded together (default: %(default)s)")
@@ -115,15 +121,19 @@ def method_args(g, required_model: bool = True) -> None:
 def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
     decoding, sampler = diffusion_methods(args), sampler_settings(args)
-    if (decoding or sampler or args.steps or args.block_length) and not args.diffusion:
+    default = pipeline_defaults()
+    schedule = (args.steps, args.block_length, args.cfg_scale != default["cfg_scale"],
+                args.remasking != default["remasking"])
+    if (decoding or sampler or any(schedule)) and not args.diffusion:
         switches = ", ".join(f"--{n}" for n in method_names("decode", "diffusion"))
-        raise ValueError(f"{switches} (and their options), --sampler.*, --steps and --block-length are for "
-                         "--diffusion")
+        raise ValueError(f"{switches} (and their options), --sampler.*, --steps, --block-length, --cfg-scale and "
+                         "--remasking are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)
     return Pipeline(args.model, method=method, pvm=args.pvm, decoding=decoding, dtype=args.dtype,
                     device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                    block_length=args.block_length, seed=args.seed, system_prompt=args.system_prompt,
+                    block_length=args.block_length, cfg_scale=args.cfg_scale, remasking=args.remasking,
+                    seed=args.seed, system_prompt=args.system_prompt,
                     baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)
 
 

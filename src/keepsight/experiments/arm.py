@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..metrics import early_late
 from ..world.base import TrainConfig
 from ..world.config import WorldConfig
 from ..world.diagnose import diagnose
+from ..world.dilution import early_late
 from ..world.evaluate import (
     HISTORY_LENGTHS,
     evaluate_after_description,

@@ -38,11 +38,12 @@ from ..diffusion.mps import released_states
 from ..diffusion.readings import MPS_PROJECTION, MRS_GAINS
 from ..fingerprint import digest
 from ..inference import Decoders, Pipeline
-from ..metrics import chair, distinct_n, mean_ci, repetition_ratio
+from ..metrics import distinct_n, mean_ci, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
 from ..world.base import llada_v_init
+from ..world.chair import chair
 from ..world.dataset import generate_scenes as world_scenes
 from ..world.tasks import VLMDataset, WorldSamples
 from ..world.texts import DESCRIBE_PROMPT

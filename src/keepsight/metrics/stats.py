@@ -79,3 +79,14 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 2000,
     means = sorted(statistics.fmean(rng.choices(d, k=n)) for _ in range(n_boot))
     return {"diff": statistics.fmean(d), "low": means[int(0.025 * n_boot)], "high": means[int(0.975 * n_boot) - 1],
             "n": n}
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Slope of the least-squares line through (xs, ys); None with < 2 points or no spread in x."""
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} x values but {len(ys)} y values")
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None

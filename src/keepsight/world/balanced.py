@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS
 from .config import WorldConfig
+from .grammar import NUMBER_WORDS, ROW_LETTERS
 from .scene import Scene
 from .texts import yes_no_questions
 

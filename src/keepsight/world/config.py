@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from ..checks import number
-from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS
+from .grammar import NUMBER_WORDS, ROW_LETTERS
 
 # The closed vocabulary the world draws from. A difficulty picks subsets of these.
 ALL_SCENES = ("beach", "grass", "snow", "night", "desert", "ocean")

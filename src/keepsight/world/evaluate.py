@@ -8,19 +8,11 @@ import contextlib
 import torch
 
 from ..inference import Pipeline
-from ..metrics import (
-    accuracy_by_index,
-    chair,
-    distinct_n,
-    paired_bootstrap,
-    rep_n,
-    repetition_ratio,
-    slope,
-    wilson,
-    yes_no_scores,
-)
+from ..metrics import distinct_n, paired_bootstrap, rep_n, repetition_ratio, wilson, yes_no_scores
 from ..probes import VisualAttentionProbe
+from .chair import chair
 from .dialog import history_probe
+from .dilution import accuracy_by_index, slope
 from .tasks import WorldSamples, chat_sample
 from .texts import DESCRIBE_PROMPT, open_questions, yes_no_questions
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import re
 
-from ..metrics.parse import parse_description
 from ..train.rewards import completion_text
+from .grammar import parse_description
 
 SHORT_KINDS = ("yes_no", "count", "colour", "shape", "scene", "cell")
 LONG_KINDS = ("describe",)

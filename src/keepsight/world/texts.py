@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics.parse import NUMBER_WORDS, ROW_LETTERS, ParsedDescription, parse_description, place  # noqa: F401
 from .config import ALL_COLOURS, ALL_SCENES, ALL_SHAPES, ALL_SIZES, MAX_GRID, WorldConfig
+from .grammar import NUMBER_WORDS, ROW_LETTERS, ParsedDescription, parse_description, place  # noqa: F401
 from .scene import Scene, SceneObject
 
 DESCRIBE_PROMPT = "describe the image in detail ."

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from ..metrics.stats import least_squares_slope
 from .chair import _scene_dict
-from .parse import parse_description
+from .grammar import parse_description
 
 FIELDS = ("named", "colour", "shape", "size", "exact", "colour_counter_prior", "shape_counter_prior")
 
@@ -49,17 +50,6 @@ def accuracy_by_index(descriptions: Sequence[str], scenes: Sequence) -> list[dic
             row[f] = sum(vals) / len(vals) if vals else None
         out.append(row)
     return out
-
-
-def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Slope of the least-squares line through (xs, ys); None with < 2 points or no spread in x."""
-    if len(xs) != len(ys):
-        raise ValueError(f"{len(xs)} x values but {len(ys)} y values")
-    if len(xs) < 2:
-        return None
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
 
 
 def slope(rows: list[dict], field: str = "exact") -> float | None:

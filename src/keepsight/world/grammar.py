@@ -1,4 +1,5 @@
-"""Read world descriptions back into mentions (pure stdlib, shared by metrics and the world)."""
+"""The world's description grammar read back into mentions: cells, number words, the fixed and varied phrasings
+(pure stdlib; ``keepsight.world.chair`` and the dilution curve score what it reads)."""
 
 from __future__ import annotations
 

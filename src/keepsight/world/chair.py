@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .parse import parse_description
+from .grammar import parse_description
 
 ATTRIBUTES = ("colour", "shape", "size")
 
