@@ -75,3 +75,22 @@ def test_accuracy_by_index_and_counter_prior():
     assert slope(rows, "exact") == pytest.approx(-0.2)
     assert slope([rows[0]], "exact") is None
 
+
+
+def test_chance_recall_is_what_random_cells_would_name():
+    """``object_recall_chance``: the expected recall of as many distinct cells drawn at random (checked against
+    drawing them), so that a recall near it says the description names occupied cells no better than guessing."""
+    import random
+
+    texts = ["at a1 a small red circle . at a1 a small red circle . at d4 a large red star .",  # 2 distinct cells
+             "this is a beach scene ."]  # none
+    r = chair(texts, [SCENE, SCENE], cells=16)
+    assert r["object_recall_chance"] == pytest.approx((2 * 4 / 16 + 0) / 8)
+    rng = random.Random(0)
+    cells = [(i, j) for i in range(4) for j in range(4)]
+    true = {(o["row"], o["col"]) for o in SCENE["objects"]}
+    draws = [len(true & set(rng.sample(cells, 2))) for _ in range(20000)]
+    assert sum(draws) / len(draws) / 8 == pytest.approx(r["object_recall_chance"], abs=0.003)
+    assert "object_recall_chance" not in chair(texts, [SCENE, SCENE])
+    with pytest.raises(ValueError, match="cells must be >= 1, got 0"):
+        chair(texts, [SCENE, SCENE], cells=0)

@@ -164,7 +164,8 @@ class _Runner:
         gen = out.generated.tolist()
         eos = self.processor.tokenizer.eos_token_id
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]
-        ch = chair(texts, self.samples.scenes, varied=self.varied)
+        grid = self.samples.config.grid
+        ch = chair(texts, self.samples.scenes, varied=self.varied, cells=grid[0] * grid[1])
         return {
             "steps": steps, "method": name, "seconds": seconds, "forwards": out.forwards,
             "positions_per_answer": out.token_forwards / len(texts),
@@ -174,6 +175,7 @@ class _Runner:
             "repeats_in_mask_top10": sum(r in self.top10 for r in repeats) / len(repeats) if repeats else None,
             "chair_i": ch["chair_i"], "chair_s": ch["chair_s"], "hallucination_rate": ch["hallucination_rate"],
             "object_recall": ch["object_recall"], "exact_recall": ch["exact_recall"],
+            "object_recall_chance": ch["object_recall_chance"],
             "example": texts[0],
         }
 

@@ -14,8 +14,8 @@ def base_sections(results: dict, images: dict, plot: Path) -> list[tuple[str, st
     yn_rows = [[c, v["n"], v["acc"], v["acc_plus"], v["score"]] for c, v in yn.items()]
     yn_rows.append(["total (MME score)", "", b["yes_no"]["overall_acc"], "", b["yes_no"]["total"]])
     ch = b["descriptions"]["chair"]
-    chair_rows = [[k, ch[k]] for k in ("chair_i", "chair_s", "recall", "hallucination_rate",
-                                       "attribute_error_rate", "object_recall", "exact_recall")]
+    chair_rows = [[k, ch[k]] for k in ("chair_i", "chair_s", "recall", "hallucination_rate", "attribute_error_rate",
+                                       "object_recall", "object_recall_chance", "exact_recall") if k in ch]
     dil = b["dilution"]
     idx_rows = [[r["index"] + 1, r["n"], r["named"], r["colour"], r["shape"], r["size"], r["exact"],
                  r["colour_counter_prior"], r["shape_counter_prior"]] for r in dil["by_index"]]

@@ -23,8 +23,10 @@ def summary_markdown(results: dict) -> str:
         "| --- | --- |",
     ]
     ch = b["descriptions"]["chair"]
-    for k in ("chair_i", "chair_s", "hallucination_rate", "attribute_error_rate", "object_recall", "exact_recall"):
-        lines.append(f"| {k} | {_f(ch[k], 3)} |")
+    for k in ("chair_i", "chair_s", "hallucination_rate", "attribute_error_rate", "object_recall",
+              "object_recall_chance", "exact_recall"):
+        if k in ch:  # object_recall_chance: runs since it was added
+            lines.append(f"| {k} | {_f(ch[k], 3)} |")
     lines.append(f"| open answers (exact) | {', '.join(f'{k} {_f(v)}' for k, v in b['open'].items())} |")
     dil = b["dilution"]
     rows = dil["by_index"]

@@ -30,13 +30,19 @@ def _safe(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def chair(descriptions: Sequence[str], scenes: Sequence, varied: bool = False) -> dict:
+def chair(descriptions: Sequence[str], scenes: Sequence, varied: bool = False, cells: int | None = None) -> dict:
     """Hallucination metrics of ``descriptions[i]`` against ``scenes[i]`` (``Scene`` or its dict). ``varied``: read
-    the varied phrasings too (an unstated size is not an error; exact recall needs every attribute stated)."""
+    the varied phrasings too (an unstated size is not an error; exact recall needs every attribute stated).
+    ``cells``: the grid's cell count; with it, ``object_recall_chance`` is the object recall that descriptions naming
+    as many distinct cells, drawn at random, would get in expectation (sum of named * true / cells over sum of
+    true): on a 4 x 4 grid with 6 objects a description naming 7 cells reaches 0.44 by chance alone."""
+    if cells is not None and cells < 1:
+        raise ValueError(f"cells must be >= 1, got {cells}")
     if len(descriptions) != len(scenes):
         raise ValueError(f"{len(descriptions)} descriptions but {len(scenes)} scenes")
     mentions = halluc_cat = sentences_halluc = covered_cat = true_cat = 0
     halluc_inst = attr_err_mentions = repeated = true_objects = named = exact = 0
+    chance = 0.0  # expected true objects hit by as many distinct cells drawn at random
     attr_errors = dict.fromkeys(ATTRIBUTES, 0)
     for text, scene in zip(descriptions, scenes):
         sc = _scene_dict(scene)
@@ -65,6 +71,8 @@ def chair(descriptions: Sequence[str], scenes: Sequence, varied: bool = False) -
                 attr_errors[a] += 1
             attr_err_mentions += bool(wrong)
         true_objects += len(by_cell)
+        if cells is not None:
+            chance += min(len(seen), cells) * len(by_cell) / cells
         for cell, o in by_cell.items():
             if cell in first:
                 named += 1
@@ -81,4 +89,5 @@ def chair(descriptions: Sequence[str], scenes: Sequence, varied: bool = False) -
         "object_recall": _safe(named, true_objects),
         "exact_recall": _safe(exact, true_objects),
         "repeated_mentions": repeated,
+        **({} if cells is None else {"object_recall_chance": _safe(chance, true_objects)}),
     }
