@@ -129,12 +129,13 @@ def test_diffusion_claims_from_training_seeds_read_the_paired_intervals():
     from keepsight.report.claims import _diffusion_claims
     from keepsight.report.diffusion import diffusion_markdown
 
-    def row(steps, method, seed):
+    def row(steps, method, seed, above=0.1):
         rep = 0.2 + 0.01 * seed if steps == 4 else 0.01 * seed
         rep += {"mps": 0.3, "both": 0.3, "mrs": 0.002 * (seed - 1)}.get(method, 0.0)
         return {"steps": steps, "method": method, "object_recall": 0.4 + 0.01 * seed, "repetition_ratio": rep,
                 "repeats_in_mask_top10": 0.97 + 0.01 * seed, "distinct_2": 0.03 - (0.01 if method == "mps" else 0.0),
-                "chair_i": 0.2, "hallucination_rate": 0.5, "exact_recall": 0.1, "seconds": 1.0}
+                "chair_i": 0.2, "hallucination_rate": 0.5, "exact_recall": 0.1, "seconds": 1.0,
+                "object_recall_above_chance": above + 0.01 * seed}
 
     runs = [{"grid": [row(t, m, s) for t in (4, 64) for m in ("none", "mps", "mrs", "both")], "sweeps": []}
             for s in range(3)]
@@ -142,6 +143,14 @@ def test_diffusion_claims_from_training_seeds_read_the_paired_intervals():
     rows = {r["claim"]: r for r in _diffusion_claims(res, "diffusion")}
     rising = rows["MPS/MRS: repetition rises as the steps T fall (no fix)"]
     assert rising["verdict"] == "reproduced" and "difference 0.200 [0.200, 0.200] (3 seeds)" in rising["ours"]
+    # a recall of 0.4 that is what as many cells drawn at random would name is no describing
+    guessing = [{"grid": [row(t, m, s, above=-0.01) for t in (4, 64) for m in ("none", "mps", "mrs", "both")],
+                 "sweeps": []} for s in range(3)]
+    rows_guessing = {r["claim"]: r for r in _diffusion_claims({"grid": guessing[0]["grid"],
+                                                              "over_seeds": over_seeds(guessing)}, "diffusion")}
+    assert rows_guessing["MPS/MRS: repetition rises as the steps T fall (no fix)"]["verdict"] == (
+        "partly (the model describes poorly: object recall 0.410 [0.385, 0.435] at T = 64, 0.000 [-0.025, 0.025] "
+        "above chance)")
     assert rows["MPS: repeated tokens are the mask prior's top tokens"]["verdict"] == "reproduced"
     assert rows["MPS (papers' settings) lowers repetition at few steps"]["verdict"] == "not reproduced (higher)"
     assert rows["MRS (papers' settings) lowers repetition at few steps"]["verdict"] == (

@@ -176,6 +176,7 @@ class _Runner:
             "chair_i": ch["chair_i"], "chair_s": ch["chair_s"], "hallucination_rate": ch["hallucination_rate"],
             "object_recall": ch["object_recall"], "exact_recall": ch["exact_recall"],
             "object_recall_chance": ch["object_recall_chance"],
+            "object_recall_above_chance": ch["object_recall"] - ch["object_recall_chance"],
             "example": texts[0],
         }
 
@@ -263,7 +264,7 @@ def mps_effect(runner: _Runner, mps_kw: dict, lams) -> dict:
 
 
 METRICS = ("distinct_2", "repetition_ratio", "repeats_in_mask_top10", "chair_i", "hallucination_rate", "object_recall",
-           "exact_recall")
+           "object_recall_above_chance", "exact_recall")
 
 
 def _minus(a: float | None, b: float | None) -> float | None:

@@ -257,8 +257,13 @@ def _diffusion_seed_claims(res: dict, command: str) -> list[dict]:
     steps = sorted({t for t, _ in grid})
     few, many = steps[0], steps[-1]
     recall = grid[(many, "none")]["object_recall"]
-    describes = recall["mean"] is not None and recall["mean"] >= DESCRIBES
-    poorly = f"the model describes poorly: object recall {fmt_ci(recall)} at T = {many}"
+    # describing is naming occupied cells more often than as many cells drawn at random would (runs that predate the
+    # chance figure: recall alone)
+    above = grid[(many, "none")].get("object_recall_above_chance")
+    describes = recall["mean"] is not None and recall["mean"] >= DESCRIBES and (
+        above is None or (above["low"] is not None and above["low"] > 0))
+    poorly = f"the model describes poorly: object recall {fmt_ci(recall)} at T = {many}" + (
+        "" if above is None else f", {fmt_ci(above)} above chance")
     rows = []
     rise = paired(grid[(few, "none")]["repetition_ratio"], grid[(many, "none")]["repetition_ratio"])
     word = _direction(rise)
