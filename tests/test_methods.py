@@ -19,14 +19,17 @@ from keepsight.world import generate_scenes, render, world_config
 
 
 def test_a_package_registers_its_methods_when_imported():
-    """The registry alone holds nothing; importing a package registers the methods it holds (the baselines, the
-    diffusion fixes), and the inference layer adds the model-side ones: no list of the methods anywhere else."""
-    code = ("from keepsight.methods import METHODS; print(sorted(METHODS)); import keepsight.baselines; "
-            "print(sorted(METHODS)); import keepsight.diffusion; print(sorted(METHODS)); import keepsight.inference; "
-            "print(sorted(METHODS))")
+    """The registry alone holds nothing; importing a package registers the methods it holds (the bridged checkpoint,
+    the baselines, the diffusion sampler with its fixes, PVM), and the inference layer adds the plain checkpoint: no
+    list of the methods anywhere else."""
+    steps = ("keepsight.bridge", "keepsight.baselines", "keepsight.diffusion", "keepsight.pvm", "keepsight.inference")
+    code = "from keepsight.methods import METHODS; print(sorted(METHODS))" + "".join(
+        f"; import {m}; print(sorted(METHODS))" for m in steps)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == [str(names) for names in ([], sorted(BASELINES), sorted([*BASELINES, "mps", "mrs"]),
-                                            sorted(["none", "pvm", "bridge", "diffusion", *BASELINES, "mps", "mrs"]))]
+    after = [[], ["bridge"], ["bridge", *BASELINES], ["bridge", *BASELINES, "diffusion", "mps", "mrs"],
+             ["bridge", *BASELINES, "diffusion", "mps", "mrs", "pvm"],
+             ["bridge", *BASELINES, "diffusion", "mps", "mrs", "pvm", "none"]]
+    assert out == [str(sorted(names)) for names in after]
 
 
 def test_every_method_is_registered_once_with_its_stage_and_family():

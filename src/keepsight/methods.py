@@ -1,6 +1,7 @@
 """The method registry: every method keepsight can run at inference time, each registered once, by the package
-that holds it (a baseline's module, ``keepsight.diffusion``'s MPS and MRS; the model-side methods by
-``keepsight.inference``, which sets them up while loading).
+that holds it (a baseline's module, ``keepsight.diffusion``'s MPS and MRS; the model-side methods, which
+``keepsight.inference.Pipeline`` sets up while loading, by ``keepsight.pvm``, ``keepsight.bridge`` and
+``keepsight.diffusion``'s sampler, and ``none`` by ``keepsight.inference``).
 
 A method is one of two stages:
 

@@ -17,6 +17,7 @@ from transformers.conversion_mapping import (
     register_checkpoint_conversion_mapping,
 )
 
+from ..methods import register_method
 from .projectors import build_bridge
 
 MODEL_TYPE = "keepsight_llava"
@@ -92,3 +93,15 @@ def replace_projector(model: nn.Module, kind: str, **options) -> LlavaBridgeForC
     model.config = new_cfg
     model.model.config = new_cfg
     return model
+
+
+def _bridged_checkpoint(spec, kind: str, where) -> None:
+    if kind != "keepsight_llava":
+        raise ValueError(f"method=bridge expects a bridge-converted checkpoint (model_type keepsight_llava, from "
+                         f"`keepsight bridge train` or replace_projector + save_pretrained); {where} has model_type "
+                         f"{kind!r}")
+
+
+# the model-side method: keepsight.inference.Pipeline(method="bridge") checks the checkpoint is a bridged one
+register_method("bridge", stage="load", needs="a bridge-converted checkpoint (model_type keepsight_llava)",
+                check=_bridged_checkpoint)

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from ..checks import number
+from ..methods import register_method
 from ..models.arch import check_length
 from ..models.llada import BlockKV
 
@@ -416,3 +417,23 @@ def _rand(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     """Uniform float64 noise drawn on the generator's device (so a seed means the same on any device)."""
     where = generator.device if generator is not None else device
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=where).to(device)
+
+
+# the Pipeline settings of this sampler and of the diffusion decoding methods: method="diffusion" alone takes them
+DIFFUSION_SETTINGS = ("mps", "mrs", "decoding", "steps", "gen_length", "block_length", "cfg_scale", "remasking",
+                      "sampler")
+
+
+def _diffusion_checkpoint(spec, kind: str, where) -> None:
+    if not spec.loadable:
+        raise ValueError(f"{where}: {spec.note}")
+    if not spec.vlm:
+        raise ValueError(f"{where} is a text-only LLaDA language model; lmms-eval tasks need a VLM (LLaVA with a "
+                         "llada text model)")
+
+
+# the model-side method: keepsight.inference.Pipeline(method="diffusion") decodes a masked-diffusion VLM with this
+# sampler and the diffusion decoding methods
+register_method("diffusion", stage="load", family="diffusion",
+                needs="a masked-diffusion VLM (LLaVA with a llada text model, or a LLaDA-V checkpoint)",
+                takes=DIFFUSION_SETTINGS, check=_diffusion_checkpoint)

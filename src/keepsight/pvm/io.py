@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..atomic import make_temp_dir, mark, use_umask
+from ..methods import register_method
 from ..models.arch import signature, signature_mismatch
 from .attach import attach_pvm, detach_pvm, pvm_state_dict
 from .config import PVMConfig
@@ -90,3 +91,8 @@ def load_pvm(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         detach_pvm(model)  # leave the model as it was
         raise
     return model
+
+
+# the model-side method: keepsight.inference.Pipeline(method="pvm", pvm=DIR) loads the checkpoint, then this adapter
+register_method("pvm", stage="load", needs="a PVM adapter directory (pvm_config.json + pvm.safetensors)",
+                takes=("pvm",), requires=("pvm",), attach=lambda model, pipe: load_pvm(model, pipe.pvm_dir))
