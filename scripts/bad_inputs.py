@@ -226,6 +226,10 @@ CLI_CASES: list[dict] = [
     cli("choice:bridge-kind-alone", f"{BT} --bridge unknown", ["--bridge", "bridge", "unknown"]),
     cli("choice:diffusion-both", "diffusion train --base {B} --data {W} --out {new:v} --answer-length 0 --steps 0",
         ["--answer-length", "answer_length", "--steps", "steps"]),
+    cli("path:diffusion-language-model-missing", f"{DT} --language-model-from {{new:nowhere}}",
+        ["language_model_from", "nowhere"]),
+    cli("choice:diffusion-language-model-with-model", "diffusion train --model {M} --data {W} --out {new:v} "
+        "--language-model-from {M}", ["--language-model-from", "--base"]),
     cli("choice:demo-profile", "demo --profile nope --runs {new:runs}", ["--profile", "profile"]),
     cli("choice:demo-name-escape", "demo --smoke --runs {new:runs} --name ../../escaped", ["--name", "name"],
         timeout=10, must_not_create=["../escaped"]),

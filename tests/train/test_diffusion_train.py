@@ -175,3 +175,27 @@ def test_training_seeds_give_each_seed_its_model_intervals_over_them_and_mps_eff
         assert len(run["mps_effect"]["state_norms"]) == 4  # layers 1 .. L-1 and the final norm's output (L = 4)
     with pytest.raises(ValueError, match="seeds must be distinct"):
         DiffusionExperiment(seeds=(1, 1))
+
+
+def test_a_diffusion_vlm_can_start_from_an_autoregressive_models_language_model(base_dir, processor, tmp_path):
+    """``llada_v_init(language_model_from=...)``: the AR model's language model, LM head and projector, weight for
+    weight (Qwen3's q / k norms left out), the base's tower kept; another depth is refused by name."""
+    from keepsight.world.base import llada_v_init
+    from keepsight.world.models import build_model
+
+    torch.manual_seed(1)
+    ar = build_model("tiny-llava", processor.tokenizer, seed=1)
+    ar.save_pretrained(tmp_path / "ar")
+    fresh, _ = llada_v_init(base_dir, 0)
+    model, _ = llada_v_init(base_dir, 0, language_model_from=tmp_path / "ar")
+    theirs, mine, before = ar.state_dict(), model.state_dict(), fresh.state_dict()
+    for k, v in mine.items():
+        if "vision_tower" in k:
+            assert torch.equal(v, before[k]), k  # the base's tower, not the AR model's
+        else:
+            assert torch.equal(v, theirs[k]), k
+    assert any("q_norm" in k for k in theirs) and not any("q_norm" in k for k in mine)
+    with pytest.raises(ValueError, match="does not fit this diffusion VLM: missing .*model.language_model.layers.4"):
+        llada_v_init(base_dir, 0, text_layers=6, language_model_from=tmp_path / "ar")
+    with pytest.raises(FileNotFoundError, match="language_model_from=.*nowhere: no model directory"):
+        llada_v_init(base_dir, 0, language_model_from=tmp_path / "nowhere")

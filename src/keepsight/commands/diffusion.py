@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     start = dtr.add_mutually_exclusive_group(required=True)
     start.add_argument("--base", help="a world base directory: a new tiny VLM (its vision stage gives the tower)")
     start.add_argument("--model", help="a LLaDA-V checkpoint directory to fine-tune")
+    dtr.add_argument("--language-model-from", metavar="DIR", help="with --base: an autoregressive world model (the "
+                     "base, or one fine-tuned from it) whose language model and projector the new VLM starts from "
+                     "(as Dream 7B starts from Qwen2.5); default: fresh ones")
     data_args(dtr)
     dtr.add_argument("--out", required=True)
     dtr.add_argument("--steps", type=positive_int, help=f"default: {DiffusionTrainConfig.steps}")
@@ -48,7 +51,11 @@ def add_parser(sub) -> None:
 
 def run_train(args) -> int:
     source = args.base or args.model
-    check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,), inputs=[source, args.data])
+    if args.language_model_from and not args.base:
+        raise ValueError("--language-model-from starts a new VLM from --base; --model fine-tunes a diffusion model "
+                         "as it is")
+    check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,),
+                     inputs=[source, args.data, *([args.language_model_from] if args.language_model_from else [])])
     short = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                                    answer_length=args.answer_length).items() if v is not None}
     cfg = DiffusionTrainConfig(**short, **given_settings(args, "train", DiffusionTrainConfig), seed=args.seed,
@@ -57,11 +64,12 @@ def run_train(args) -> int:
     if data is None:
         data = VLMDataset(read_samples(args.data), ("describe",), cfg.seed)
     if args.base:
-        init = lambda: llada_v_init(args.base, cfg.seed)  # noqa: E731
+        init = lambda: llada_v_init(args.base, cfg.seed, language_model_from=args.language_model_from)  # noqa: E731
     else:
         init = lambda: load_checkpoint(args.model, dtype=None, device="cpu", expect="diffusion")  # noqa: E731
     summary = train_diffusion(init, data, args.out, cfg, stop_after=args.stop_after, grad_accum=args.grad_accum,
-                              source=str(source), overwrite=args.overwrite)
+                              source=str(source), overwrite=args.overwrite,
+                              language_model_from=args.language_model_from or "")
     if summary is None:
         return print_stopped(args.stop_after)
     print(f"masked-diffusion loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; model in {args.out}")

@@ -104,13 +104,17 @@ class DiffusionRecipe(Recipe):
     marker_file = "config.json"
     kind = "diffusion-model"
 
-    def __init__(self, init: Callable, dataset, options: DiffusionTrainConfig, source: str = ""):
+    def __init__(self, init: Callable, dataset, options: DiffusionTrainConfig, source: str = "",
+                 language_model_from: str = ""):
         super().__init__(options)
-        self.init, self.data, self.source = init, dataset, source
+        self.init, self.data, self.source, self.lm_source = init, dataset, source, language_model_from
         self.objective: MaskedDiffusionObjective | None = None
 
     def request(self) -> dict:
-        return {"base": dir_fingerprint(self.source) if self.source else None, "data": data_fingerprint(self.data)}
+        out = {"base": dir_fingerprint(self.source) if self.source else None, "data": data_fingerprint(self.data)}
+        if self.lm_source:  # the autoregressive model the language model started from (llada_v_init)
+            out["language_model_from"] = dir_fingerprint(self.lm_source)
+        return out
 
     def load(self):
         model, processor = self.init()
@@ -137,10 +141,11 @@ class DiffusionRecipe(Recipe):
 
 def train_diffusion(init: Callable, dataset, out: str | os.PathLike, cfg: DiffusionTrainConfig | None = None,
                     stop_after: int | None = None, progress: bool = True, grad_accum: int = 1,
-                    source: str = "", overwrite: bool = False) -> dict | None:
+                    source: str = "", overwrite: bool = False, language_model_from: str = "") -> dict | None:
     """Train the VLM ``init()`` returns on ``dataset`` (``Sample``s); model + processor land in ``out``
-    (atomically), with ``diffusion_train.json`` (``source`` recorded as its ``base``). Returns the summary, or
+    (atomically), with ``diffusion_train.json`` (``source`` recorded as its ``base``; ``language_model_from``, the
+    autoregressive model whose language model ``init`` started from, recorded beside it). Returns the summary, or
     None when ``stop_after`` ended the run early. ``cfg.batch_size`` is the global batch (see
     ``run_trainer``); only the main process writes."""
-    recipe = DiffusionRecipe(init, dataset, cfg or DiffusionTrainConfig(), source)
+    recipe = DiffusionRecipe(init, dataset, cfg or DiffusionTrainConfig(), source, language_model_from)
     return run_recipe(recipe, out, stop_after, progress, grad_accum, overwrite)

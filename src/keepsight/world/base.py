@@ -497,10 +497,13 @@ def backbone_init(base_dir: str | os.PathLike, seed: int):
     return assemble_from_stages(base_dir, preset, processor.tokenizer, seed), processor
 
 
-def llada_v_init(base_dir: str | os.PathLike, seed: int = 0, text_layers: int | None = None):
+def llada_v_init(base_dir: str | os.PathLike, seed: int = 0, text_layers: int | None = None,
+                 language_model_from: str | os.PathLike | None = None):
     """``(model, processor)``: a tiny LLaDA-V-style VLM whose vision tower is the base's pretrained one (stage
     ``vision``), for masked-diffusion training (``keepsight.train.diffusion``); ``text_layers``: a deeper (or
-    shallower) language model than the base preset's."""
+    shallower) language model than the base preset's. ``language_model_from``: an autoregressive world model (a base,
+    or one fine-tuned from it) whose language model and projector the diffusion model starts from, as Dream 7B starts
+    from Qwen2.5 (``adapt_from_autoregressive``); None: a fresh language model and projector."""
     base_dir = Path(base_dir)
     tower_dir = _stage_dirs(base_dir, "vision")[0]
     if not (tower_dir / "config.json").is_file():
@@ -512,4 +515,32 @@ def llada_v_init(base_dir: str | os.PathLike, seed: int = 0, text_layers: int | 
         preset = replace(preset, text_layers=text_layers)
     model = build_llada_v(processor, preset, seed=seed)
     model.model.vision_tower.load_state_dict(CLIPVisionModel.from_pretrained(tower_dir).state_dict())
+    if language_model_from is not None:
+        if not (Path(language_model_from) / "config.json").is_file():
+            raise FileNotFoundError(f"language_model_from={language_model_from}: no model directory (config.json) "
+                                    "there")
+        adapt_from_autoregressive(model, LlavaForConditionalGeneration.from_pretrained(language_model_from),
+                                  str(language_model_from))
     return model, processor
+
+
+# the autoregressive world LM's weights a LLaDA language model has no place for (Qwen3 normalises queries and keys)
+AR_ONLY = ("self_attn.q_norm.", "self_attn.k_norm.")
+
+
+def adapt_from_autoregressive(model, source, where: str = "the source") -> None:
+    """Copy ``source``'s (an autoregressive LLaVA of the same preset) language model, LM head and projector into the
+    diffusion VLM ``model``, in place; its vision tower stays. Qwen3's query / key norms are left out (LLaDA has none).
+    Every other weight must be there with the same shape: a missing or misshaped one is a ValueError naming it."""
+    theirs = source.state_dict()
+    mine = {k: v for k, v in model.state_dict().items() if "vision_tower" not in k}
+    missing = sorted(k for k in mine if k not in theirs)
+    misshaped = sorted(k for k in mine if k in theirs and theirs[k].shape != mine[k].shape)
+    if missing or misshaped:
+        raise ValueError(f"{where} does not fit this diffusion VLM: missing {missing[:4]}, other shapes "
+                         f"{[(k, tuple(theirs[k].shape), tuple(mine[k].shape)) for k in misshaped[:4]]} (the same "
+                         "preset and depth are needed)")
+    extra = sorted(k for k in theirs if k not in mine and "vision_tower" not in k and not any(a in k for a in AR_ONLY))
+    if extra:
+        raise ValueError(f"{where} has weights this diffusion VLM has no place for: {extra[:4]}")
+    model.load_state_dict({k: theirs[k] for k in mine}, strict=False)
