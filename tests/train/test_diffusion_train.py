@@ -199,3 +199,28 @@ def test_a_diffusion_vlm_can_start_from_an_autoregressive_models_language_model(
         llada_v_init(base_dir, 0, text_layers=6, language_model_from=tmp_path / "ar")
     with pytest.raises(FileNotFoundError, match="language_model_from=.*nowhere: no model directory"):
         llada_v_init(base_dir, 0, language_model_from=tmp_path / "nowhere")
+
+
+def test_the_diffusion_experiment_can_start_its_vlm_from_the_base_language_model(base_dir, processor, samples,
+                                                                                 tmp_path):
+    """``DiffusionExperiment(language_model_from="base")``: the VLM starts from the base model's language model (its
+    own cache key, the source recorded in the training request); anything but None / "base" is refused."""
+    import shutil
+
+    from keepsight.experiments.arm import ExperimentContext
+    from keepsight.experiments.diffusion import DiffusionExperiment, _train_model
+    from keepsight.world.models import build_model
+
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    build_model("tiny-llava", processor.tokenizer, seed=1).save_pretrained(base)  # the base model itself
+    ctx = ExperimentContext(base, None, samples.config, None, None, lambda: samples, print)
+    train = DiffusionTrainConfig(steps=1, batch_size=2, save_every=1000, answer_length=16)
+    fresh_dir, _ = _train_model(DiffusionExperiment(train=train, tasks=("describe",)), ctx, 0)
+    ar_dir, _ = _train_model(DiffusionExperiment(train=train, tasks=("describe",), language_model_from="base"), ctx, 0)
+    assert ar_dir != fresh_dir and ar_dir.parent == fresh_dir.parent
+    request = json.loads((ar_dir / "diffusion_train.json").read_text())["request"]
+    assert "language_model_from" in request and "language_model_from" not in json.loads(
+        (fresh_dir / "diffusion_train.json").read_text())["request"]
+    with pytest.raises(ValueError, match="language_model_from must be None .* or 'base', got 'mine'"):
+        DiffusionExperiment(language_model_from="mine")

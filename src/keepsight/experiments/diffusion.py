@@ -64,6 +64,9 @@ class DiffusionExperiment:
     tasks: tuple[str, ...] = ("describe",)  # training items (VLMDataset tasks); the analyses use descriptions
     # ("describe_varied": many right answers per scene, the regime where parallel decoding repeats)
     text_layers: int | None = None  # the diffusion LM's depth (None: the base preset's; MPS's k = 3 needs > 4)
+    # where the diffusion VLM's language model, LM head and projector start: None, fresh; "base", the base model's (an
+    # autoregressive -> diffusion adaptation, as Dream 7B starts from Qwen2.5: keepsight.world.base.llada_v_init)
+    language_model_from: str | None = None
     describe_repeats: int = 1  # repeats of each description among the training items
     varied_repeats: int | None = None  # varied descriptions per scene ("describe_varied"; None: describe_repeats)
     # a curriculum: the model trained on ``tasks`` is then fine-tuned with ``finetune`` on ``finetune_tasks`` (its
@@ -96,6 +99,9 @@ class DiffusionExperiment:
     effect_lams: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.language_model_from not in (None, "base"):
+            raise ValueError(f"language_model_from must be None (a fresh language model) or 'base', got "
+                             f"{self.language_model_from!r}")
         if self.finetune is not None and self.finetune.answer_length != self.train.answer_length:
             raise ValueError(f"finetune.answer_length ({self.finetune.answer_length}) must equal train.answer_length "
                              f"({self.train.answer_length}): both stages train the same window")
@@ -304,13 +310,17 @@ def _train_model(exp: DiffusionExperiment, ctx: ExperimentContext, seed: int) ->
         spec["text_layers"] = exp.text_layers
     if exp.varied_repeats is not None:
         spec["varied_repeats"] = exp.varied_repeats
+    lm_from = base_dir if exp.language_model_from == "base" else None
+    if lm_from is not None:
+        spec["language_model_from"] = "base"
     key = digest(spec, 12)
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({cfg.steps} steps, seed {seed}) -> {model_dir}")
     data = VLMDataset(train, exp.tasks, cfg.seed, describe_repeats=exp.describe_repeats,
                       varied_repeats=exp.varied_repeats)
-    summary = train_diffusion(lambda: llada_v_init(base_dir, cfg.seed, exp.text_layers), data, model_dir,
-                              cfg, progress=False, source=str(base_dir))
+    summary = train_diffusion(lambda: llada_v_init(base_dir, cfg.seed, exp.text_layers, language_model_from=lm_from),
+                              data, model_dir, cfg, progress=False, source=str(base_dir),
+                              language_model_from="" if lm_from is None else str(lm_from))
     if exp.finetune is not None:
         tune = replace(exp.finetune, seed=exp.finetune.seed + seed - exp.train.seed)
         spec["finetune"] = {**asdict(tune), "tasks": list(exp.finetune_tasks)}
