@@ -170,8 +170,7 @@ class _Runner:
         gen = out.generated.tolist()
         eos = self.processor.tokenizer.eos_token_id
         repeats = [b for row in gen for a, b in zip(row, row[1:]) if a == b and b != eos]
-        grid = self.samples.config.grid
-        ch = chair(texts, self.samples.scenes, varied=self.varied, cells=grid[0] * grid[1])
+        ch = chair(texts, self.samples.scenes, varied=self.varied, cells=self.samples.config.cells)
         return {
             "steps": steps, "method": name, "seconds": seconds, "forwards": out.forwards,
             "positions_per_answer": out.token_forwards / len(texts),

@@ -19,6 +19,7 @@ their config's fields. Greedy decoding unless ``do_sample`` / ``temperature > 0`
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 from dataclasses import dataclass, field
@@ -384,20 +385,28 @@ class Pipeline:
             raise ValueError(f"diffuse() decodes masked-diffusion models; method is {self.method}")
         gen_length, steps, block = self.diffusion_settings(max_new_tokens or self.max_new_tokens)
         settings = {"gen_length": gen_length, "steps": steps, "block_length": block, "temperature": temperature,
-                    "cfg_scale": self.cfg_scale, "remasking": self.remasking,
-                    "suppress_token_ids": suppressed_ids(self._model, self.tokenizer),
-                    "ban_mask": bans_mask(self._model), **self.sampler, **overrides}
+                    "cfg_scale": self.cfg_scale, "remasking": self.remasking, **self._model_rules,
+                    **self.sampler, **overrides}
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
         with self._applied(enc["input_ids"].shape[1]):
             return diffusion_generate(self._model, enc["input_ids"], enc.get("attention_mask"), enc.get("pixel_values"),
                                       generator=torch.Generator().manual_seed(self.seed), callback=callback,
                                       model_kwargs=extra, **settings)
 
+    @functools.cached_property
+    def _model_rules(self) -> dict:
+        """The sampler settings the model's release fixes (``keepsight.diffusion.ends``), read once per pipeline."""
+        return {"suppress_token_ids": suppressed_ids(self._model, self.tokenizer), "ban_mask": bans_mask(self._model)}
+
+    @functools.cached_property
+    def _ends(self) -> set[int]:
+        return end_ids(self._model, self.tokenizer)
+
     def texts(self, generated: torch.Tensor) -> list[str]:
         """Generated ids ``[B, G]`` (``diffuse``'s) -> each row's answer: its ids before its first end id
         (``keepsight.diffusion.ends.end_ids``), decoded without special tokens and stripped."""
-        ends = end_ids(self._model, self.tokenizer)
-        return [self.tokenizer.decode(row, skip_special_tokens=True).strip() for row in cut_at_end(generated, ends)]
+        return [self.tokenizer.decode(row, skip_special_tokens=True).strip()
+                for row in cut_at_end(generated, self._ends)]
 
     # ------------------------------------------------------------------ scoring
 

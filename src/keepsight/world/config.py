@@ -50,7 +50,6 @@ class WorldConfig:
             setattr(self, name, tuple(getattr(self, name)))
         if len(self.grid) != 2 or min(self.grid) < 1:
             raise ValueError(f"grid must be two positive ints (rows, cols), got {self.grid}")
-        cells = self.grid[0] * self.grid[1]
         if max(self.grid) > MAX_GRID:
             raise ValueError(f"grid: at most {MAX_GRID} rows/cols can be named, got {self.grid}")
         cell_px = self.image_size / max(self.grid)
@@ -63,8 +62,8 @@ class WorldConfig:
             raise ValueError(
                 f"min_objects must be in [1, max_objects={self.max_objects}], got {self.min_objects}"
             )
-        if self.max_objects > cells:
-            raise ValueError(f"max_objects {self.max_objects} exceeds the {cells} cells of grid {self.grid}")
+        if self.max_objects > self.cells:
+            raise ValueError(f"max_objects {self.max_objects} exceeds the {self.cells} cells of grid {self.grid}")
         if self.max_objects >= len(NUMBER_WORDS):
             raise ValueError(f"max_objects must be < {len(NUMBER_WORDS)}, got {self.max_objects}")
         for name, allowed, least in (
@@ -82,6 +81,11 @@ class WorldConfig:
         for name in ("prior_colour", "prior_shape", "jitter"):
             number(name, getattr(self, name), 0.0, 1.0)
         number("noise_std", self.noise_std, 0.0)
+
+    @property
+    def cells(self) -> int:
+        """The grid's cell count (rows x cols): the places an object can be named at."""
+        return self.grid[0] * self.grid[1]
 
     @property
     def cell_px(self) -> float:

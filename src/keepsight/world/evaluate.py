@@ -98,7 +98,7 @@ def evaluate_descriptions(model, processor, samples: WorldSamples, batch_size: i
                              batch_size)
     rows = accuracy_by_index(texts, samples.scenes)
     return {
-        "chair": chair(texts, samples.scenes, cells=samples.config.grid[0] * samples.config.grid[1]),
+        "chair": chair(texts, samples.scenes, cells=samples.config.cells),
         "by_index": rows,
         "slope_exact": slope(rows, "exact"),
         "slope_colour": slope(rows, "colour"),
