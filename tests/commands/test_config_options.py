@@ -59,8 +59,9 @@ def test_every_config_field_is_an_option_with_its_comment_and_default(command):
             generated = dests.get(f"config__{prefix}__{f.name}")
             assert generated is not None or f.name in dests, f"{' '.join(command)}: {cls.__name__}.{f.name}"
             if generated is not None:
-                assert generated.option_strings[0] == f"--{prefix}.{f.name}"
-                assert "(default: " in generated.help and comments.get(f.name, "") in generated.help
+                short = "--" + f.name.replace("_", "-")  # a command's everyday settings: --steps, --layers, ...
+                assert generated.option_strings[0] in (f"--{prefix}.{f.name}", short)
+                assert ("(default: " in generated.help or generated.required) and comments.get(f.name, "") in generated.help
     text = parser.format_help()
     assert all(f"--{prefix}." in text for prefix, _, _ in CONFIGS[command])
 
@@ -140,16 +141,31 @@ def test_generated_options_reach_the_configs(world, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--train.top_p", "0.5"], "--train.top_p apply to --stage grpo; this run is --stage sft"),
+    (["--train.top_p", "0.5", "--beta", "0"], "--beta, --train.top_p: not for --stage sft; they apply to --stage grpo"),
     (["--train.warmup_ratio", "2"], "warmup_ratio must be in [0.0, 1.0), got 2.0"),
     (["--pvm.expander_init", "ones"], "expander_init must be 'backbone' or 'zero'"),
-    (["--stage", "grpo", "--train.withhold_image"], "--train.withhold_image apply to --stage sft; this run is --stage grpo"),
-    (["--stage", "grpo", "--pvm.expander_init", "zero"], "--pvm.expander_init apply to --stage sft"),
+    (["--stage", "grpo", "--train.withhold_image", "--batch-size", "4"],
+     "--batch-size, --train.withhold_image: not for --stage grpo; they apply to --stage sft"),
+    (["--stage", "grpo", "--pvm.expander_init", "zero", "--layers", "1"],
+     "--layers, --pvm.expander_init: not for --stage grpo"),
 ])
 def test_generated_options_are_checked_and_refused_where_they_do_not_apply(world, capsys, extra, message):
     argv = ["pvm", "train", "--model", str(world / "m"), "--data", str(world / "w"), "--out", str(world / "o"), *extra]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_short_options_are_the_configs_fields_with_their_defaults_and_ranges(capsys):
+    actions = {a.option_strings[0]: a for a in _leaf(("diffusion", "train"))._actions if a.option_strings}
+    assert actions["--steps"].dest == "config__train__steps" and "--train.steps" not in actions
+    assert f"(default: {DiffusionTrainConfig.steps})" in actions["--steps"].help
+    assert f"(default: {DiffusionTrainConfig.answer_length})" in actions["--answer-length"].help
+    assert actions["--skip-bad-rows"].option_strings == ["--skip-bad-rows", "--no-skip-bad-rows"]
+    with pytest.raises(SystemExit) as e:  # the range is checked as the command line is parsed
+        build_parser().parse_args(["diffusion", "train", "--base", "b", "--data", "d", "--out", "o", "--lr", "0"])
+    assert e.value.code == 2 and "argument --lr: expected a finite number > 0.0, got 0" in capsys.readouterr().err
+    bridge = {a.option_strings[0]: a for a in _leaf(("bridge", "train"))._actions if a.option_strings}
+    assert bridge["--phase"].required and "(required)" in bridge["--phase"].help
 
 
 def test_bad_values_are_argparse_errors_naming_the_option(capsys):

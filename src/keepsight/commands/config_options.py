@@ -5,6 +5,10 @@ the config itself when it is built (litgpt's way of exposing configs).
 
     add_config_options(parser, "pvm", PVMConfig, skip={"layers"})   # --pvm.expander_init zero, --no-pvm.output_norm, ...
     settings = given_settings(args, "pvm", PVMConfig)                 # only what the user gave: {"expander_init": "zero"}
+
+A command's everyday settings take the short spelling (``short``): ``--steps 7`` is the field ``steps`` of the same
+config, generated the same way (its default and help the dataclass's), with an argparse type that checks its range
+when the command line is parsed.
 """
 
 from __future__ import annotations
@@ -109,12 +113,20 @@ def _shown(f: dataclasses.Field):
     return default if not isinstance(default, (tuple, list, frozenset, set)) else list(default)
 
 
-def add_config_options(parser, prefix: str, cls, *, skip=(), title: str | None = None, note: str = "") -> None:
+def short_option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_options(parser, prefix: str, cls, *, skip=(), short: dict | None = None, title: str | None = None,
+                       note: str = "") -> None:
     """Add ``--<prefix>.<field>`` for every init field of the dataclass ``cls`` not in ``skip`` (in a group
-    titled ``title``); unset options leave the config's default. ``cls`` may also be ``{label: dataclass}``, for a
-    command whose one spelling of a setting reaches whichever of several configs a run builds (``keepsight pvm
-    train``'s two stages): one option per field name, its help giving each config's default (or the configs it
-    applies to); read it with ``given_settings`` for the config the run builds."""
+    titled ``title``); unset options leave the config's default. ``short`` maps fields to their short spelling's
+    argparse type (``{"steps": positive_int}``: ``--steps``, its range checked at parse time; None: the field's
+    converter), listed first. ``cls`` may also be ``{label: dataclass}``, for a command whose one spelling of a
+    setting reaches whichever of several configs a run builds (``keepsight pvm train``'s two stages): one option per
+    field name, its help giving each config's default (or the configs it applies to); read it with
+    ``given_settings`` for the config the run builds."""
+    short = short or {}
     classes = cls if isinstance(cls, dict) else {None: cls}
     found: dict[str, list] = {}  # field name -> [(label, field, annotation, comment)] over the classes that have it
     for label, klass in classes.items():
@@ -122,16 +134,23 @@ def add_config_options(parser, prefix: str, cls, *, skip=(), title: str | None =
         for f in dataclasses.fields(klass):
             if f.init and f.name not in skip:
                 found.setdefault(f.name, []).append((label, f, hints[f.name], comments.get(f.name, "")))
+    unknown = sorted(set(short) - set(found))
+    if unknown:
+        raise TypeError(f"short options {unknown}: not init fields of {[c.__name__ for c in classes.values()]}")
     group = parser.add_argument_group(title or f"{next(iter(classes.values())).__name__} (--{prefix}.FIELD)",
                                       note or None)
-    for name, where in found.items():
+    parser.set_defaults(**{_dest(prefix, ".short"): tuple(short)})  # read by option_names
+    for name, where in sorted(found.items(), key=lambda item: item[0] not in short):
         _, f, hint, text = where[0]
         if any(c != text for _, _, _, c in where):  # each config's own comment, named
             text = "; ".join(f"{label}: {c}" for label, _, _, c in where if c)
         if any(h != hint for _, _, h, _ in where):
             raise TypeError(f"--{prefix}.{name}: the configs annotate it differently ({[h for _, _, h, _ in where]})")
-        kwargs = _option_kwargs(hint, f"--{prefix}.{name}")
+        option = short_option(name) if name in short else f"--{prefix}.{name}"
+        kwargs = _option_kwargs(hint, option)
         kwargs.pop("post", None)
+        if short.get(name) is not None:
+            kwargs["type"] = short[name]
         if kwargs.get("action") is None:
             kwargs.setdefault("metavar", name.upper())
         shown = [(label, _shown(g)) for label, g, _, _ in where]
@@ -141,7 +160,10 @@ def add_config_options(parser, prefix: str, cls, *, skip=(), title: str | None =
         else:  # "(default: sft 0.0001, grpo 1e-06)", "(default: grpo 0.04; grpo only)"
             default = (f"(default: {', '.join(f'{label} {v}' for label, v in shown)}"
                        f"{'' if every else '; ' + ' and '.join(label for label, _ in shown) + ' only'})")
-        group.add_argument(f"--{prefix}.{name}", dest=_dest(prefix, name), default=None,
+        required = name in short and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required:
+            default = "(required)"
+        group.add_argument(option, dest=_dest(prefix, name), default=None, required=required,
                            help=f"{text} {default}".strip().replace("%", "%%"), **kwargs)
 
 
@@ -160,5 +182,8 @@ def given_settings(args, prefix: str, cls, *, skip=()) -> dict:
     return out
 
 
-def option_names(prefix: str, settings: dict) -> str:
-    return ", ".join(f"--{prefix}.{k}" for k in settings)
+def option_names(prefix: str, settings: dict, args=None) -> str:
+    """The options that gave ``settings``, as the command spells them (``args``: the parsed command line, whose
+    short options are spelled ``--field-name``)."""
+    short = getattr(args, _dest(prefix, ".short"), ()) if args is not None else ()
+    return ", ".join(short_option(k) if k in short else f"--{prefix}.{k}" for k in settings)

@@ -9,19 +9,7 @@ from ..train.diffusion import DiffusionRecipe, DiffusionTrainConfig, train_diffu
 from ..world.base import llada_v_init
 from ..world.tasks import VLMDataset
 from .config_options import add_config_options, given_settings
-from .options import (
-    data_args,
-    nonneg_int,
-    positive_float,
-    positive_int,
-    print_stopped,
-    read_samples,
-    training_args,
-    user_data,
-)
-
-# config fields with their own short option
-TRAIN_SHORT = {"steps", "lr", "batch_size", "answer_length", "seed", "max_length", "skip_bad_rows"}
+from .options import data_args, print_stopped, read_samples, short_options, training_args, user_data
 
 
 def add_parser(sub) -> None:
@@ -36,16 +24,10 @@ def add_parser(sub) -> None:
                      "(as Dream 7B starts from Qwen2.5); default: fresh ones")
     data_args(dtr)
     dtr.add_argument("--out", required=True)
-    dtr.add_argument("--steps", type=positive_int, help=f"default: {DiffusionTrainConfig.steps}")
-    dtr.add_argument("--lr", type=positive_float, help=f"default: {DiffusionTrainConfig.lr}")
-    dtr.add_argument("--batch-size", type=positive_int, help=f"default: {DiffusionTrainConfig.batch_size}")
-    dtr.add_argument("--answer-length", type=positive_int, help="generation window (answers cut / eos-filled; "
-                     f"default: {DiffusionTrainConfig.answer_length})")
-    dtr.add_argument("--seed", type=nonneg_int, default=DiffusionTrainConfig.seed,
-                    help="model initialisation, data order and the objective's randomness (default: %(default)s)")
     training_args(dtr)
-    add_config_options(dtr, "train", DiffusionTrainConfig, skip=TRAIN_SHORT, title="training (--train.FIELD)",
-                       note="every field of keepsight.train.diffusion.DiffusionTrainConfig not set above")
+    add_config_options(dtr, "train", DiffusionTrainConfig, short=short_options("answer_length"),
+                       title="training (--steps ... and --train.FIELD)",
+                       note="keepsight.train.diffusion.DiffusionTrainConfig")
     dtr.set_defaults(func=run_train)
 
 
@@ -56,11 +38,8 @@ def run_train(args) -> int:
                          "as it is")
     check_output_dir(args.out, "--out", kinds=(DiffusionRecipe.kind,),
                      inputs=[source, args.data, *([args.language_model_from] if args.language_model_from else [])])
-    short = {k: v for k, v in dict(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                                   answer_length=args.answer_length).items() if v is not None}
-    cfg = DiffusionTrainConfig(**short, **given_settings(args, "train", DiffusionTrainConfig), seed=args.seed,
-                               skip_bad_rows=args.skip_bad_rows, max_length=args.max_length)
-    data = user_data(args)
+    cfg = DiffusionTrainConfig(**given_settings(args, "train", DiffusionTrainConfig))
+    data = user_data(args, cfg.skip_bad_rows)
     if data is None:
         data = VLMDataset(read_samples(args.data), ("describe",), cfg.seed)
     if args.base:

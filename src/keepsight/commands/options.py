@@ -91,6 +91,22 @@ def placement_args(sp) -> None:
     sp.add_argument("--device", default="auto", help="auto (cuda when present) | cpu | cuda | cuda:N | mps")
 
 
+# the range each training setting's short option checks when the command line is parsed (None: the field's own
+# converter); the defaults and help are the training configs' (keepsight.train.*Config)
+SHORT_TYPES = {"steps": positive_int, "lr": positive_float, "gate_lr": positive_float, "lm_lr": positive_float,
+               "batch_size": positive_int, "seed": nonneg_int, "answer_length": positive_int, "max_length": positive_int,
+               "beta": nonneg_float, "num_generations": positive_int, "prompts_per_step": positive_int,
+               "max_completion_length": positive_int, "phase": bounded_int(1, 2), "pvm_hidden_size": positive_int,
+               "layers": None, "skip_bad_rows": None, "trainable": None, "bridge": None}
+
+
+def short_options(*names: str, training: bool = True) -> dict:
+    """``{field: its argparse type}`` for a command's short options (``add_config_options(short=...)``): ``names``,
+    after ``--steps --lr --batch-size --seed --max-length --skip-bad-rows`` for a training config."""
+    every = ("steps", "lr", "batch_size", "seed", "max_length", "skip_bad_rows") if training else ()
+    return {n: SHORT_TYPES[n] for n in (*every, *names)}
+
+
 def training_args(sp) -> None:
     """Options of every training command: ``--batch-size`` is the global batch of one optimizer step."""
     sp.add_argument("--grad-accum", type=positive_int, default=1, help="gradient-accumulation steps: the batch size "
@@ -109,24 +125,22 @@ DATA_HELP = ("a world directory (keepsight world build), a LLaVA-format JSON / J
 
 
 def data_args(sp, what: str = "") -> None:
-    """``--data`` of any source, with the options a user's own data needs."""
+    """``--data`` of any source and ``--image-folder`` (a training config's ``--skip-bad-rows`` and ``--max-length``
+    go with them)."""
     sp.add_argument("--data", required=True, help=DATA_HELP + (f"; {what}" if what else ""))
     sp.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
-    sp.add_argument("--skip-bad-rows", action="store_true", help="skip the rows the pre-flight check finds bad "
-                    "(missing / unreadable images, placeholder / image mismatch, no answer) instead of stopping")
-    sp.add_argument("--max-length", type=positive_int, help="cut rows to this many tokens (never inside the image "
-                    "tokens: such a row is an error, or skipped with --skip-bad-rows)")
 
 
-def user_data(args, need_answers: bool = True):
-    """``--data`` as a dataset of ``Sample``s after the pre-flight check (which prints what it found), or None when
-    ``--data`` is a world directory (the command then builds the world's own task mix)."""
+def user_data(args, skip_bad_rows: bool, need_answers: bool = True):
+    """``--data`` as a dataset of ``Sample``s after the pre-flight check (which prints what it found; rows it finds
+    bad are left out with ``skip_bad_rows``, else an error), or None when ``--data`` is a world directory (the
+    command then builds the world's own task mix)."""
     if is_world(args.data):
         if getattr(args, "image_folder", None):
             raise ValueError(f"--image-folder applies to a user's data; --data {args.data} is a keepsight world (its "
                              "images sit in it)")
         return None
-    ds, report = preflight(open_dataset(args.data, args.image_folder), args.skip_bad_rows, need_answers)
+    ds, report = preflight(open_dataset(args.data, args.image_folder), skip_bad_rows, need_answers)
     print(f"pre-flight of {args.data}: {report.line()}", flush=True)
     return ds
 

@@ -38,7 +38,9 @@ class TrainOptions:
     seed: int = 0  # model initialisation, data order and the objective's randomness
     save_every: int = 200  # Trainer checkpoint period (steps)
     max_length: int | None = None  # rows cut to this many tokens (never inside the image tokens); None: no cut
-    skip_bad_rows: bool = False  # a row whose image tokens do not fit max_length is left out (else an error)
+    # rows the pre-flight check finds bad (missing / unreadable images, placeholder / image mismatch, no answer) or
+    # whose image tokens do not fit max_length are left out (else an error)
+    skip_bad_rows: bool = False
     warmup_ratio: float = 0.05  # linear warm-up over this share of the steps (at least one step)
     schedule: str = "cosine"  # the learning-rate schedule after the warm-up: "cosine" (to 0) | "constant"
 
