@@ -18,7 +18,7 @@ from families import FAMILY_BUILDERS, family_batch, registered_settings, save_fa
 from keepsight.baselines.opera import OPERA
 from keepsight.baselines.opera.beams import _together
 from keepsight.cli import main
-from keepsight.inference import build_method
+from keepsight.inference import Pipeline, build_method
 from keepsight.inference.support import kinds, support
 from keepsight.models import AUTOREGRESSIVE, arch_info, arch_spec, load_checkpoint
 from keepsight.probes import LogitLens, VisualAttentionProbe
@@ -119,15 +119,17 @@ def test_attention_probe_equals_eager_attentions(family):
 
 
 def test_logit_lens_last_layer_is_the_model(family):
-    _, _, model, _, batch, _ = family
+    _, _, model, processor, batch, _ = family
     lens = LogitLens(model)
     with torch.no_grad():
         out = model(**batch, output_hidden_states=True)
     r = lens.from_hidden_states(out.hidden_states)
     assert r["kl"].shape == (len(out.hidden_states) - 1, 2)
     assert torch.all(r["kl"][-1].abs() < 1e-5) and torch.all(r["rank"][-1] == 0)
-    ids, steps = lens.generate(dict(batch), max_new_tokens=3)
-    assert len(steps) == 3 and ids.shape[1] == batch["input_ids"].shape[1] + 3
+    gen = Pipeline.from_model(model, processor).generate_ids(batch, {"max_new_tokens": 3}, output_hidden_states=True,
+                                                             return_dict_in_generate=True)
+    steps = lens.steps(gen.hidden_states)
+    assert len(steps) == 3 and gen.sequences.shape[1] == batch["input_ids"].shape[1] + 3
 
 
 @pytest.mark.parametrize("variant", ["released", "branch"])

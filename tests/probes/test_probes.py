@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from keepsight.data import chat_example
+from keepsight.inference import Pipeline
 from keepsight.models import check_layers
 from keepsight.probes import LogitLens, VisualAttentionProbe
 from keepsight.world import generate_scenes, render, world_config
@@ -134,9 +135,12 @@ def test_logit_lens_matches_direct_computation(preset, processor):
         agree = [bool(r["top1_agree"][layer, b]) for layer in range(n)]
         first = next(layer for layer in range(n) if all(agree[layer:]))
         assert r["convergence_layer"][b].item() == first
-    ids, steps = lens.generate(inputs, max_new_tokens=3)
-    assert len(steps) == 3 and ids.shape[1] == inputs["input_ids"].shape[1] + 3
+    gen = Pipeline.from_model(model, processor).generate_ids(inputs, {"max_new_tokens": 3}, output_hidden_states=True,
+                                                             return_dict_in_generate=True)
+    steps = lens.steps(gen.hidden_states)
+    assert len(steps) == 3 and gen.sequences.shape[1] == inputs["input_ids"].shape[1] + 3
     assert all(torch.all(s["rank"][-1] == 0) for s in steps)
+    assert torch.equal(gen.sequences, model.generate(**inputs, max_new_tokens=3, do_sample=False))  # greedy
 
 
 def test_diagnose_cli_writes_json_and_plots(processor, tmp_path):

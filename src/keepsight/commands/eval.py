@@ -66,7 +66,15 @@ from .method_options import (
     diffusion_methods,
     sampler_settings,
 )
-from .options import DATA_HELP, bounded_int, nonneg_float, nonneg_int, positive_int, read_samples
+from .options import (
+    DATA_HELP,
+    bounded_int,
+    nonneg_float,
+    nonneg_int,
+    output_file_args,
+    positive_int,
+    read_samples,
+)
 
 POPE_KIND = "pope"
 
@@ -82,9 +90,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help='JSONL, one {"image_id": int, "caption": str} per line ("text"/"answer" also read)')
     ch.add_argument("--coco", required=True, type=Path,
                     help="COCO root or annotations dir with instances_* and captions_* {train,val}2014 JSON")
-    ch.add_argument("--out", type=Path, default=None,
-                    help="result JSON (default: the captions path with suffix .chair.json)")
-    ch.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
+    output_file_args(ch, "result JSON (default: the captions path with suffix .chair.json)")
     ch.set_defaults(func=run)
     generate_parser(ev_sub)
     score_parser(ev_sub)
@@ -143,8 +149,7 @@ def generate_parser(ev_sub) -> None:
     g.add_argument("--data", required=True, help=DATA_HELP + "; a world directory gives its yes/no questions")
     g.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
     g.add_argument("--skip-bad-rows", action="store_true", help="leave out rows the pre-flight check finds bad")
-    g.add_argument("--out", required=True, type=Path, help="predictions JSONL")
-    g.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
+    output_file_args(g, "predictions JSONL", required=True)
     g.add_argument("--limit", type=positive_int, help="the first N rows only")
     add_method_options(g, ("autoregressive", "diffusion"))  # with the sampler's options
     g.set_defaults(func=run_generate)
@@ -154,8 +159,7 @@ def score_parser(ev_sub) -> None:
     sc = ev_sub.add_parser("score", help="accuracy of a predictions JSONL overall and per category")
     sc.add_argument("--pred", required=True, type=Path, help="JSONL from keepsight eval generate (answer, reference)")
     sc.add_argument("--kind", default="exact", choices=KINDS, help="how an answer matches its reference")
-    sc.add_argument("--out", type=Path, help="result JSON (default: the predictions path with suffix .score.json)")
-    sc.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of keepsight's")
+    output_file_args(sc, "result JSON (default: the predictions path with suffix .score.json)")
     sc.set_defaults(func=run_score)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from ..checks import number, requirement
 from ..data import open_dataset, preflight
@@ -62,6 +63,13 @@ def run_name(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text or "") or text in (".", ".."):
         raise argparse.ArgumentTypeError(f"expected a plain name (letters, digits, . _ -), got {text!r}")
     return text
+
+
+def output_file_args(sp, help: str, *, required: bool = False) -> None:
+    """``--out`` of a command that writes one file (predictions, scores, a result JSON) and its ``--overwrite``."""
+    sp.add_argument("--out", type=Path, required=required, help=help)
+    sp.add_argument("--overwrite", action="store_true",
+                    help="replace --out even if it is not an unchanged output of keepsight's")
 
 
 def world_args(sp) -> None:

@@ -30,6 +30,7 @@ from ..world.tasks import WorldSamples
 from .method_options import add_method_options, baseline_choice
 from .options import (
     nonneg_int,
+    output_file_args,
     placement_args,
     positive_float,
     positive_int,
@@ -98,9 +99,7 @@ def add_parser(sub) -> None:
                    "does not see the image scores exactly 0.5 (keepsight.world.balanced)")
     e.add_argument("--withhold-image", action="store_true", help="mask the image's tokens out of the language model's "
                    "attention (PVM's mechanism control: what it knows of the image then comes from PVM's memory)")
-    e.add_argument("--out", help="write the scores as JSON here")
-    e.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an unchanged output of "
-                   "keepsight's")
+    output_file_args(e, "write the scores as JSON here")
     placement_args(e)
     add_method_options(e, ("autoregressive",))  # a baseline combines with --pvm or --lora
     e.set_defaults(func=run_eval)

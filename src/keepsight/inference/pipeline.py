@@ -39,6 +39,8 @@ from .decoders import Decoders
 from .registry import METHODS, get_method, method_names
 
 MAX_NEW_TOKENS = 128  # new tokens a request may generate when it does not say (a task's gen_kwargs, --max-new-tokens)
+# what generate_ids may ask of transformers' generate beside the ids
+GENERATE_OUTPUTS = ("output_hidden_states", "output_attentions", "output_scores", "return_dict_in_generate")
 
 
 @dataclass
@@ -343,19 +345,34 @@ class Pipeline:
             out = self.diffuse(enc, s["max_new_tokens"], temperature=s["temperature"] if s["do_sample"] else 0.0)
             texts = self.texts(out.generated)
         else:
-            kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
-            if "min_new_tokens" in s:
-                kw["min_new_tokens"] = s["min_new_tokens"]
-            if s["do_sample"]:
-                kw["temperature"] = s["temperature"]
-                kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
-            check_length(self._model, s["max_new_tokens"], "max_new_tokens", prompt=enc["input_ids"].shape[1])
-            if self._model.generation_config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
-                kw["pad_token_id"] = self.tokenizer.pad_token_id
-            with self._applied(enc["input_ids"].shape[1]):
-                gen = self._model.generate(**enc, **kw)
+            gen = self.generate_ids(enc, gen_kwargs)
             texts = self.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return [self.cut(t, s["until"]) for t in texts]
+
+    @torch.no_grad()
+    def generate_ids(self, enc, gen_kwargs=None, **outputs):
+        """An autoregressive model's ``generate`` output for a left-padded batch ``enc`` (``encode``'s) by this model's
+        method: the prompt's ids and the new ones, or with ``outputs`` (transformers' ``output_hidden_states``,
+        ``output_attentions``, ``output_scores``, ``return_dict_in_generate``) its output object, what a probe reads
+        (``keepsight.probes.LogitLens.steps``). ``gen_kwargs`` as ``answer``'s: greedy unless sampling is asked for."""
+        if self._entry.family == "diffusion":
+            raise ValueError("generate_ids() runs an autoregressive model's generate; a masked-diffusion model "
+                             "samples with diffuse()")
+        unknown = sorted(set(outputs) - set(GENERATE_OUTPUTS))
+        if unknown:
+            raise TypeError(f"generate_ids() got unknown outputs {unknown}; it takes {list(GENERATE_OUTPUTS)}")
+        s = self.settings(gen_kwargs or {})
+        kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
+        if "min_new_tokens" in s:
+            kw["min_new_tokens"] = s["min_new_tokens"]
+        if s["do_sample"]:
+            kw["temperature"] = s["temperature"]
+            kw.update({k: s[k] for k in ("top_p", "top_k") if k in s})
+        check_length(self._model, s["max_new_tokens"], "max_new_tokens", prompt=enc["input_ids"].shape[1])
+        if self._model.generation_config.pad_token_id is None and self.tokenizer.pad_token_id is not None:
+            kw["pad_token_id"] = self.tokenizer.pad_token_id
+        with self._applied(enc["input_ids"].shape[1]):
+            return self._model.generate(**enc, **kw, **outputs)
 
     def _applied(self, prompt_len: int) -> contextlib.ExitStack:
         return self._decoders.applied(self._model, prompt_len)

@@ -42,11 +42,8 @@ class LogitLens:
         convergence = n - from_here.long().sum(0)  # [B]
         return {"kl": kl, "rank": rank, "top1_agree": agree, "convergence_layer": convergence}
 
-    @torch.no_grad()
-    def generate(self, inputs: dict, max_new_tokens: int, **generate_kwargs) -> tuple[torch.Tensor, list[dict]]:
-        """Greedy-generate and read the lens at the last position of every step (prefill included).
-        Returns the generated ids and one dict (as ``from_hidden_states``) per step."""
-        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                  output_hidden_states=True, return_dict_in_generate=True, **generate_kwargs)
-        steps = [self.from_hidden_states(h) for h in out.hidden_states]
-        return out.sequences, steps
+    def steps(self, hidden_states) -> list[dict]:
+        """The lens at the last position of every step of a generation: ``hidden_states`` is transformers' generate
+        output's (one tuple of L + 1 tensors per step, prefill first; ``Pipeline.generate_ids(...,
+        output_hidden_states=True, return_dict_in_generate=True)``). One dict (as ``from_hidden_states``) per step."""
+        return [self.from_hidden_states(h) for h in hidden_states]

@@ -38,7 +38,7 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
     budget = max_new_tokens or description_budget(samples.config.max_objects)
     check_length(model, budget, "max_new_tokens")
     tok = processor.tokenizer
-    pipe = Pipeline.from_model(model, processor)  # its chat prompt and encoding; the lens generates
+    pipe = Pipeline.from_model(model, processor)
     lens = LogitLens(model)
     n_layers = len(lens.info.layers)
     sums = None  # accumulated per step: omega [L], log-tvr [L], t, kl [L], agree [L], conv, count
@@ -46,8 +46,9 @@ def diagnose(model, processor, samples: WorldSamples, prompt: str = "blind-paint
         images = [[im] for im in samples.images[i : i + batch_size]]
         enc = pipe.encode([pipe.chat_prompt(PROMPTS[prompt], 1)] * len(images), images, "left")
         with VisualAttentionProbe(model) as probe:
-            ids, lens_steps = lens.generate(dict(enc), budget, pad_token_id=tok.pad_token_id,
-                                            eos_token_id=tok.eos_token_id)
+            out = pipe.generate_ids(enc, {"max_new_tokens": budget}, output_hidden_states=True,
+                                    return_dict_in_generate=True)
+        ids, lens_steps = out.sequences, lens.steps(out.hidden_states)
         log_ratio = torch.stack(probe.log_ratio)  # [S, L, B, H]
         steps = log_ratio.shape[0]
         gen = ids[:, enc["input_ids"].shape[1]:]  # [B, new]
