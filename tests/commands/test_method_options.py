@@ -53,8 +53,9 @@ def test_the_diffusion_switches():
     (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
     (["--diffusion", "--mps.k", "0"], "k must be"),
     (["--diffusion", "--mrs.schedule", "sideways"], "unknown schedule 'sideways'"),
-    (["--sampler.cache", "prompt"], "--sampler.*, --steps, --block-length, --cfg-scale and --remasking are for "
-                                    "--diffusion"),
+    (["--sampler.cache", "prompt"], "--sampler.*, --steps, --gen-length, --block-length, --cfg-scale and "
+                                    "--remasking are for --diffusion"),
+    (["--gen-length", "32"], "--remasking are for --diffusion"),
     (["--remasking", "random"], "--remasking are for --diffusion"),
     (["--cfg-scale", "1.5"], "--remasking are for --diffusion"),
     (["--diffusion", "--sampler.cache", "all"], "cache must be one of"),
@@ -99,8 +100,9 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
 
     monkeypatch.setattr(eval_command, "Pipeline", Recorder)
     with pytest.raises(KeyboardInterrupt):
-        eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8"))
+        eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8", "--gen-length", "32"))
     assert seen["decoding"] == {"mps": {"k": 4}, "mrs": {}} and seen["baseline"] is None and seen["sampler"] == {}
+    assert (seen["steps"], seen["gen_length"], seen["block_length"]) == (8, 32, None)
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--sampler.cache", "prompt", "--sampler.threshold", "0.9",
                                        "--sampler.threshold_rule", "schedule"))

@@ -109,6 +109,8 @@ def method_args(g, required_model: bool = True) -> None:
     default = pipeline_defaults()  # the one place each is written
     g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token of "
                    "--max-new-tokens, the window the sampler fills)")
+    g.add_argument("--gen-length", type=positive_int, help="diffusion: the window the sampler fills, whatever "
+                   "--max-new-tokens asks (default: --max-new-tokens rounded up to whole blocks)")
     g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
     g.add_argument("--cfg-scale", type=nonneg_float, default=default["cfg_scale"],
                    help="diffusion: classifier-free guidance (0: none; default: %(default)s)")
@@ -128,17 +130,17 @@ def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
     decoding, sampler = diffusion_methods(args), sampler_settings(args)
     default = pipeline_defaults()
-    schedule = (args.steps, args.block_length, args.cfg_scale != default["cfg_scale"],
+    schedule = (args.steps, args.gen_length, args.block_length, args.cfg_scale != default["cfg_scale"],
                 args.remasking != default["remasking"])
     if (decoding or sampler or any(schedule)) and not args.diffusion:
         switches = ", ".join(f"--{n}" for n in method_names("decode", "diffusion"))
-        raise ValueError(f"{switches} (and their options), --sampler.*, --steps, --block-length, --cfg-scale and "
-                         "--remasking are for --diffusion")
+        raise ValueError(f"{switches} (and their options), --sampler.*, --steps, --gen-length, --block-length, "
+                         "--cfg-scale and --remasking are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)
     return Pipeline(args.model, method=method, pvm=args.pvm, decoding=decoding, dtype=args.dtype,
                     device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                    block_length=args.block_length, cfg_scale=args.cfg_scale, remasking=args.remasking,
+                    gen_length=args.gen_length, block_length=args.block_length, cfg_scale=args.cfg_scale, remasking=args.remasking,
                     seed=args.seed, system_prompt=args.system_prompt,
                     baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)
 
