@@ -41,9 +41,9 @@ LIA_READINGS = ({}, {"lambda_spacing": "half_life"}, {"gate": "token"}, {"lambda
 @dataclass
 class DemoProfile:
     name: str
-    n_train: int  # training scenes
-    n_eval: int  # held-out scenes (mixed object counts): yes/no, open answers, CHAIR
-    n_dilution: int  # held-out scenes at a fixed object count: accuracy by index
+    n_train: int = 4000  # training scenes
+    n_eval: int = 200  # held-out scenes (mixed object counts): yes/no, open answers, CHAIR
+    n_dilution: int = 150  # held-out scenes at a fixed object count: accuracy by index
     train: TrainConfig = field(default_factory=TrainConfig)
     world: WorldConfig = field(default_factory=world_config)
     dilution_objects: int | None = None  # default: the world's max_objects
@@ -80,15 +80,15 @@ PROFILES = {
     ),
     # the default (`keepsight demo`, about 30 minutes on 2 cores): the base, its dilution diagnosis and
     # multi-turn regime, the PVM arms (with the LoRA control and full fine-tuning), the diffusion methods
-    "full": DemoProfile(name="full", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+    "full": DemoProfile(name="full", train=BASE_RECIPE,
                         pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
                         diffusion=DiffusionExperiment(sweeps={})),
     # `--profile seeds`: three base seeds, every comparison with 95% intervals (PVM arms, MLP vs LIA-MTR)
-    "seeds": DemoProfile(name="seeds", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE, seeds=(0, 1, 2),
+    "seeds": DemoProfile(name="seeds", train=BASE_RECIPE, seeds=(0, 1, 2),
                          pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)), bridge=BridgeExperiment()),
     # `--profile readings`: LIA-MTR's readings (lambda spacing x gate) against the MLP on the seed-0 base (shared with
     # the default and seeds profiles: its base and the default reading come from their caches)
-    "readings": DemoProfile(name="readings", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+    "readings": DemoProfile(name="readings", train=BASE_RECIPE,
                             bridge=BridgeExperiment(readings=LIA_READINGS)),
     # `--profile diffusion`: the regime where parallel decoding repeats and the model still describes: a 4-layer
     # LLaDA-V trained on fixed and varied descriptions in equal parts (the fixed order teaches what to say; the varied
@@ -96,7 +96,7 @@ PROFILES = {
     # 3 training seeds over the regime base's vision tower (the regime profile's seed-0 base); MPS / MRS at the
     # released settings, every setting the papers ablate and our earlier readings swept at T = 4, where it repeats;
     # MPS's effect on the LM head's input over lam
-    "diffusion": DemoProfile(name="diffusion", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
+    "diffusion": DemoProfile(name="diffusion", train=REGIME_RECIPE,
                              diffusion=DiffusionExperiment(
                                  tasks=("describe", "describe_varied"), seeds=(0, 1, 2),
                                  # blocks of 16 (LLaDA's semi-autoregressive sampling): over the whole window a model
@@ -114,21 +114,21 @@ PROFILES = {
     # `--profile baselines`: VCD, PAI, MemVR and DeCo (released defaults and a stronger setting), plain beam search and
     # OPERA (on 40 scenes), beside PVM stage 1 on
     # the seed-0 base (shared with the other profiles; PVM's adapter is the default profile's)
-    "baselines": DemoProfile(name="baselines", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+    "baselines": DemoProfile(name="baselines", train=BASE_RECIPE,
                              baselines=BaselinesExperiment(pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT))),
     # `--profile control`: PVM's mechanism control on the seed-0 base (shared with the other profiles): PVM stage 1 and
     # the matched LoRA trained with the image withheld from the language model, scored the same way
-    "control": DemoProfile(name="control", n_train=4000, n_eval=200, n_dilution=150, train=BASE_RECIPE,
+    "control": DemoProfile(name="control", train=BASE_RECIPE,
                            control=PVMControl(pvm=PVM_BLOCK)),
     # `--profile control-grounded`: the same control on the grounded recipe's base, 3 seeds, the released block beside
     # the LoRA; each arm's prior-balanced yes/no against the text-only level
-    "control-grounded": DemoProfile(name="control-grounded", n_train=4000, n_eval=200, n_dilution=150,
+    "control-grounded": DemoProfile(name="control-grounded",
                                     train=GROUNDED_RECIPE, seeds=(0, 1, 2), control=PVMControl(pvm=PVM_BLOCK)),
     # `--profile regime`: the regime recipe's base (RoPE base 300: a visual answer falls after the model's own
     # description, and the image shown again recovers most of it), 3 seeds; in that regime every PVM arm (with the
     # LoRA control and full fine-tuning) and each training-free baseline at its released defaults; and on the same
     # bases PVM's mechanism control (the image only in PVM's memory)
-    "regime": DemoProfile(name="regime", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE, seeds=(0, 1, 2),
+    "regime": DemoProfile(name="regime", train=REGIME_RECIPE, seeds=(0, 1, 2),
                           pvm=PVMExperiment(pvm=PVM_BLOCK, sft=PVM_SFT, grpo=GRPOTrainConfig(steps=150)),
                           baselines=BaselinesExperiment(arms=RELEASED_BASELINES, beam_arms={}, pvm=None),
                           control=PVMControl(pvm=PVM_BLOCK)),
@@ -136,24 +136,24 @@ PROFILES = {
     # regime's own format added to the instruct mix: a description, then a question whose answer follows the image
     # (half the descriptions state one object wrongly; "describe_ask"), so that stage 1 has answers after long text
     # that only the image gives
-    "regime-ask": DemoProfile(name="regime-ask", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
+    "regime-ask": DemoProfile(name="regime-ask", train=REGIME_RECIPE,
                               seeds=(0, 1, 2), pvm=REGIME_ASK),
     # `--profile regime-format`: the same bases, every PVM arm trained on the regime's format alone (describe_ask is
     # 3% of regime-ask's data: 600 steps see about 270 such answers); with no description trained, the arms' own
     # descriptions shrink (docs/results.md), so the question after them follows less text
-    "regime-format": DemoProfile(name="regime-format", n_train=4000, n_eval=200, n_dilution=150, train=REGIME_RECIPE,
+    "regime-format": DemoProfile(name="regime-format", train=REGIME_RECIPE,
                                  seeds=(0, 1, 2), pvm=dataclasses.replace(REGIME_ASK, instruct_mix=False)),
     # `--profile regime-describe`: the same bases, every PVM arm trained on descriptions and the regime's format
     # (describe, each scene's description three times, and describe_ask: a quarter of the items), so that the arms
     # keep describing while they learn to answer after a description: the question follows as much text as the base's
-    "regime-describe": DemoProfile(name="regime-describe", n_train=4000, n_eval=200, n_dilution=150,
+    "regime-describe": DemoProfile(name="regime-describe",
                                    train=REGIME_RECIPE, seeds=(0, 1, 2),
                                    pvm=dataclasses.replace(REGIME_ASK, train_tasks=("describe", "describe_ask"),
                                                            instruct_mix=False)),
     # `--profile extended`: a 6-layer base (LogitLens has depth to move) and the PVM arms on it; LIA-MTR's readings
     # and the diffusion regime have their own profiles (readings, diffusion)
     "extended": DemoProfile(
-        name="extended", n_train=4000, n_eval=200, n_dilution=150,
+        name="extended",
         # the 6-layer base keeps the instruct mix without count pairs: with them its instruct stage learned
         # not to look (held-out yes/no 0.55, colour / scene / count at chance; docs/results.md), without them
         # it reached 0.81 with every category >= 0.6

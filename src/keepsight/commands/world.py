@@ -11,6 +11,7 @@ from ..determinism import DEFAULT_THREADS, configure
 from ..inference import Decoders
 from ..models import load_checkpoint
 from ..models.withhold import image_withheld
+from ..profiles import DemoProfile
 from ..pvm import load_pvm
 from ..train.lora_control import apply_lora
 from ..world.balanced import balanced_yes_no
@@ -59,7 +60,8 @@ def add_parser(sub) -> None:
     t.add_argument("--preset", help="the tiny preset (default: the recipe's; tiny-llava, tiny-llava-r300 for regime)")
     t.add_argument("--out", required=True)
     t.add_argument("--data", help="a world directory from `world build` (default: generate in memory)")
-    t.add_argument("--n", type=positive_int, default=4000, help="training scenes when --data is not given")
+    t.add_argument("--n", type=positive_int, default=DemoProfile.n_train, help="training scenes when --data is not "
+                   "given (default: the demo's, %(default)s)")
     t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--recipe", default="base", choices=sorted(RECIPES),
                    help="base: the demo's recipe (BASE_RECIPE); grounded: with a cell-lookup stage before instruct and "
