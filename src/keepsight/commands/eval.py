@@ -67,8 +67,8 @@ from .method_options import (
     sampler_settings,
 )
 from .options import (
-    DATA_HELP,
     bounded_int,
+    data_args,
     nonneg_float,
     nonneg_int,
     output_file_args,
@@ -140,16 +140,15 @@ def load_method(args) -> Pipeline:
     baseline, baseline_args = baseline_choice(args)
     return Pipeline(args.model, method=method, pvm=args.pvm, decoding=decoding, dtype=args.dtype,
                     device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                    gen_length=args.gen_length, block_length=args.block_length, cfg_scale=args.cfg_scale, remasking=args.remasking,
-                    seed=args.seed, system_prompt=args.system_prompt,
+                    gen_length=args.gen_length, block_length=args.block_length, cfg_scale=args.cfg_scale,
+                    remasking=args.remasking, seed=args.seed, system_prompt=args.system_prompt,
                     baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)
 
 
 def generate_parser(ev_sub) -> None:
     g = ev_sub.add_parser("generate", help="answers of a model (with a keepsight method) to every row of a dataset")
     method_args(g)
-    g.add_argument("--data", required=True, help=DATA_HELP + "; a world directory gives its yes/no questions")
-    g.add_argument("--image-folder", help="where relative image paths of --data resolve (default: its directory)")
+    data_args(g, "a world directory gives its yes/no questions")
     g.add_argument("--skip-bad-rows", action="store_true", help="leave out rows the pre-flight check finds bad")
     output_file_args(g, "predictions JSONL", required=True)
     g.add_argument("--limit", type=positive_int, help="the first N rows only")

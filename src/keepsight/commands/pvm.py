@@ -17,7 +17,7 @@ from ..train.pvm_sft import PVMTrainConfig, train_pvm_sft
 from ..train.rewards import load_reward
 from ..world.grpo import GRPO_TASKS, world_grpo_data
 from ..world.tasks import instruct_data
-from .config_options import add_config_options, given_settings, option_names
+from .config_options import add_config_options, given_settings, option_names, short_option
 from .options import data_args, print_stopped, read_samples, short_options, training_args, user_data
 
 WORLD_TASKS = ("describe", "open")  # grpo on a world: the default prompts
@@ -139,7 +139,7 @@ def _refuse_options(args) -> None:
     for grpo; sft starts a new adapter with the PVM blocks the only trainable part)."""
     given = [o for o in GRPO_ONLY if getattr(args, o) is not None] if args.stage == "sft" else []
     if given:
-        names = ", ".join("--" + o.replace("_", "-") for o in given)
+        names = ", ".join(short_option(o) for o in given)
         raise ValueError(f"{names}: not for --stage sft (stage 1 starts a new adapter and trains its blocks only)")
     other = "grpo" if args.stage == "sft" else "sft"
     own = {f.name for f in dataclasses.fields(STAGE_CONFIGS[args.stage]) if f.init}

@@ -345,7 +345,7 @@ class Pipeline:
             out = self.diffuse(enc, s["max_new_tokens"], temperature=s["temperature"] if s["do_sample"] else 0.0)
             texts = self.texts(out.generated)
         else:
-            gen = self.generate_ids(enc, gen_kwargs)
+            gen = self._generate(enc, s)
             texts = self.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return [self.cut(t, s["until"]) for t in texts]
 
@@ -361,7 +361,10 @@ class Pipeline:
         unknown = sorted(set(outputs) - set(GENERATE_OUTPUTS))
         if unknown:
             raise TypeError(f"generate_ids() got unknown outputs {unknown}; it takes {list(GENERATE_OUTPUTS)}")
-        s = self.settings(gen_kwargs or {})
+        return self._generate(enc, self.settings(gen_kwargs or {}), **outputs)
+
+    def _generate(self, enc, s: dict, **outputs):
+        """``generate_ids`` with the decoding settings ``s`` already read (``settings``)."""
         kw: dict = {"max_new_tokens": s["max_new_tokens"], "do_sample": s["do_sample"], "num_beams": s["num_beams"]}
         if "min_new_tokens" in s:
             kw["min_new_tokens"] = s["min_new_tokens"]
