@@ -1,13 +1,24 @@
 """``keepsight.openmp``: the console script sets OpenMP's wait policy before torch loads (idle threads sleep at once
-where the command will run more threads than the cores free, else spin briefly), and leaves a user's."""
+where the command will run more threads than the cores free, else spin briefly), and leaves a user's; a command
+started beside a pinned keepsight run lowers its priority."""
 
 import argparse
 import os
 import subprocess
 import sys
+import time
 
 from keepsight.cli import build_parser
-from keepsight.openmp import PINNED_THREADS, SPINCOUNT, requested_threads, set_wait_policy, wait_policy
+from keepsight.cores import keepsight_runs
+from keepsight.openmp import (
+    PINNED_THREADS,
+    SPINCOUNT,
+    YIELD_NICE,
+    pinned_runs,
+    requested_threads,
+    set_wait_policy,
+    wait_policy,
+)
 
 PROBE = ("import sys, os; assert 'torch' not in sys.modules; sys.argv = ['keepsight', *{argv!r}]; "
          "import keepsight.launch; assert 'torch' in sys.modules; "
@@ -101,3 +112,53 @@ def test_a_neighbour_that_passes_in_a_moment_does_not_make_a_run_sleep(monkeypat
     slept.clear()
     reads = iter([2])  # free at once: no second read, no wait
     assert not omp.busy_for(2) and slept == []
+
+
+def test_the_keepsight_commands_running_are_read_from_proc(tmp_path):
+    def process(pid, *words):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(w.encode() for w in words) + b"\0")
+
+    process(100, "/x/.venv/bin/python3.11", "/x/.venv/bin/keepsight", "demo", "--profile", "regime")
+    process(101, "/x/.venv/bin/keepsight", "eval", "pope", "--threads", "1")
+    process(102, "/usr/bin/python3", "-c", "print('keepsight demo')")  # the word in an argument is not the command
+    process(103, "/bin/bash")
+    process(os.getpid(), "/x/.venv/bin/keepsight", "demo")  # this process is never its own neighbour
+    (tmp_path / "self").mkdir()
+    runs = keepsight_runs(tmp_path)
+    assert runs == {100: ["demo", "--profile", "regime"], 101: ["eval", "pope", "--threads", "1"]}
+    assert pinned_runs(runs) == {100: ["demo", "--profile", "regime"]}
+    assert pinned_runs({7: ["world", "train", "--threads", "1"], 8: ["eval", "generate", "--threads", "2"]}) == {
+        8: ["eval", "generate", "--threads", "2"]}
+
+
+NICE = ("import os, sys; sys.argv = ['keepsight', *{argv!r}]; import keepsight.launch; print(os.nice(0))")
+
+
+def test_a_command_started_beside_a_pinned_run_yields_to_it(tmp_path):
+    """A live pinned run (a process whose command line is ``keepsight demo``) makes a later command that pins at most
+    one thread take ``YIELD_NICE`` and say so; ``KEEPSIGHT_YIELD=0`` and a pinned command itself keep their priority."""
+    script = tmp_path / "keepsight"
+    script.write_text("import time\ntime.sleep(120)\n")
+    clean = {k: v for k, v in os.environ.items() if k != "KEEPSIGHT_YIELD"}
+
+    def nice(argv, **env):
+        run = subprocess.run([sys.executable, "-c", NICE.format(argv=list(argv))], env={**clean, **env},
+                             capture_output=True, text=True, check=True)
+        return int(run.stdout.split()[-1]) - os.nice(0), run.stderr
+
+    assert nice(["models"])[0] == 0  # nothing pinned runs
+    run = subprocess.Popen([sys.executable, str(script), "demo", "--profile", "regime"])
+    try:
+        deadline = time.time() + 10
+        while run.pid not in keepsight_runs() and time.time() < deadline:
+            time.sleep(0.05)
+        lowered, said = nice(["models"])
+        assert lowered == max(YIELD_NICE - os.nice(0), 0)
+        assert f"pid {run.pid}: keepsight demo --profile regime" in said and f"nice {YIELD_NICE}" in said
+        assert nice(["eval", "pope", "--threads", "1"])[0] == lowered
+        assert nice(["models"], KEEPSIGHT_YIELD="0") == (0, "")
+        assert nice(["world", "train", "--out", "w"])[0] == 0  # a pinned run never yields
+    finally:
+        run.kill()
+        run.wait()

@@ -51,3 +51,33 @@ def free_cores(samples: int = 3, interval: float = 0.002) -> int:
         free = cores - max(running - max(ours, 1), 0)  # at most cores
         best = free if best is None else max(best, free)
     return max(best, 0)
+
+
+def keepsight_runs(proc: Path = Path("/proc")) -> dict[int, list[str]]:
+    """This user's other running ``keepsight`` commands: pid -> the words after ``keepsight`` on its command line (the
+    console script, ``.../bin/keepsight demo ...``), leaving out this process and its ancestors (a command the demo
+    itself started is not its neighbour). Empty where ``/proc`` does not say."""
+    own = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:  # the ancestors, from each one's parent pid ("pid (comm) S ppid ...")
+        try:
+            pid = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        own.add(pid)
+    runs = {}
+    try:
+        entries = [p for p in proc.iterdir() if p.name.isdigit() and int(p.name) not in own]
+    except OSError:
+        return runs
+    for p in entries:
+        try:
+            if p.stat().st_uid != os.getuid():
+                continue
+            words = (p / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        at = next((i for i, w in enumerate(words[:3]) if Path(w).name == "keepsight"), None)
+        if at is not None:
+            runs[int(p.name)] = [w for w in words[at + 1:] if w]
+    return runs

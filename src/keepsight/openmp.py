@@ -1,5 +1,5 @@
-"""OpenMP's wait policy for keepsight's commands, set before torch loads its OpenMP runtime (libgomp, in torch's
-CPU wheel), which reads it once.
+"""How a keepsight command shares the cores: OpenMP's wait policy, set before torch loads its OpenMP runtime (libgomp,
+in torch's CPU wheel), which reads it once, and its priority beside a pinned run.
 
 libgomp's idle threads spin for a while before they sleep; at 2 threads on 2 cores beside another busy process a
 spinning thread takes the time slice its partner needs to finish the region both wait on, and training collapses
@@ -8,6 +8,12 @@ threads than there are cores free (a pinned ``--threads`` beside a busy neighbou
 (``OMP_WAIT_POLICY=PASSIVE``); otherwise they spin briefly (``GOMP_SPINCOUNT``), which keeps most of an idle machine's
 speed and yields to a neighbour that starts later. The policy changes how threads wait, never what they compute:
 results are the same bits under any setting.
+
+A neighbour that starts after a pinned run (``keepsight demo``, ``world train``) meets its brief spin, and the run
+trains about 2.8x slower beside it. So a command that will not itself pin more than one thread, started while a
+pinned keepsight run is alive, lowers its own priority (``nice`` ``YIELD_NICE``): the pinned run keeps most of its
+speed and the command loses about a quarter of its own while they share the cores (README, "A busy machine").
+``KEEPSIGHT_YIELD=0`` in the environment keeps the usual priority.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from __future__ import annotations
 import os
 import time
 
-from .cores import DEFAULT_THREADS, free_cores
+from .cores import DEFAULT_THREADS, free_cores, keepsight_runs
 
 RECHECK_S = 2.0  # seconds between the two reads of the cores free before a pinned run chooses to sleep its threads
 SPINCOUNT = "5000"  # spins before an idle OpenMP thread sleeps (libgomp's default: 300,000; README, "A busy machine")
 USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # a user who set either keeps it
+YIELD_NICE = 19  # the priority a command takes beside a pinned run (measured: README, "A busy machine")
+YIELD_SETTING = "KEEPSIGHT_YIELD"  # "0": a command started beside a pinned run keeps its priority
 # the commands whose thread count is pinned unless --threads says otherwise (the published results' count); every
 # other command defaults to --threads auto, the cores free when it starts
 PINNED_THREADS = {("demo",): DEFAULT_THREADS, ("world", "train"): DEFAULT_THREADS}
@@ -82,3 +90,30 @@ def busy_for(threads: int, recheck_s: float = RECHECK_S) -> bool:
         return False
     time.sleep(recheck_s)
     return short()
+
+
+def pinned_runs(runs: dict[int, list[str]] | None = None) -> dict[int, list[str]]:
+    """The running keepsight commands (``keepsight_runs``, or ``runs``) that pin more than one intra-op thread: their
+    published numbers need those threads, and a neighbour started after them takes their cores."""
+    runs = keepsight_runs() if runs is None else runs
+    return {pid: words for pid, words in runs.items() if (requested_threads(words) or 0) > 1}
+
+
+def yield_to_pinned(argv: list[str], environ=os.environ, runs: dict[int, list[str]] | None = None) -> dict:
+    """Lower this process's priority to ``YIELD_NICE`` where the command ``argv`` pins at most one thread and a pinned
+    keepsight run is alive (``pinned_runs``), unless ``KEEPSIGHT_YIELD=0``. Returns the pinned runs it yielded to
+    (empty: it did not)."""
+    if environ.get(YIELD_SETTING) == "0" or (requested_threads(argv) or 1) > 1:
+        return {}
+    pinned = pinned_runs(runs)
+    if pinned:
+        os.nice(max(YIELD_NICE - os.nice(0), 0))
+    return pinned
+
+
+def yield_note(pinned: dict[int, list[str]]) -> str:
+    """What a command that yielded to ``pinned`` is told."""
+    runs = "; ".join(f"pid {pid}: keepsight {' '.join(words)}" for pid, words in sorted(pinned.items()))
+    return (f"keepsight: note: a pinned keepsight run holds the cores ({runs}), so this command runs at nice "
+            f"{YIELD_NICE} while it lives: the run keeps most of its speed and this command loses about a quarter of "
+            f"its own; {YIELD_SETTING}=0 in the environment keeps the usual priority (README, \"A busy machine\")")

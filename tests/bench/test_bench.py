@@ -85,6 +85,10 @@ def test_threads_bench_times_each_count_beside_each_neighbour(tmp_path, monkeypa
     assert all(r["steps_per_s"] > 0 and r["threads_used"][0] >= 1 for r in rows.values())
     assert rows[("none", "1", "keepsight")]["slowdown"] == 1.0 and rows[("none", "1", "libgomp")]["vs_reference"] == 1.0
     assert rows[("python loop", "1", "keepsight")]["threads_used"] == [1] and res["spincount"] == SPINCOUNT
+    # the neighbour's own speed over each timing, against its speed alone (none where there is no neighbour)
+    assert all(r["neighbour_speed"] is None for k, r in rows.items() if k[0] == "none")
+    assert all(0 < r["neighbour_speed"] < 2 for k, r in rows.items() if k[0] == "python loop")
+    assert res["neighbours_alone"]["python loop"] > 0
     if usable_cores() >= 2:  # auto leaves the neighbour's core alone
         assert (rows[("python loop", "auto", "keepsight")]["threads_used"][0]
                 < rows[("none", "auto", "keepsight")]["threads_used"][0])
