@@ -117,8 +117,8 @@ def _rate(busy: subprocess.Popen, t0: float, t1: float) -> float:
     the first and last report inside the span)."""
     busy.kill()
     out, _ = busy.communicate()
-    # "count time" per line; the last may be cut short by the kill
-    marks = [(int(w[0]), float(w[1])) for w in (line.split() for line in out.splitlines()) if len(w) == 2]
+    lines = out.split("\n")[:-1]  # "count time" per line; what follows the last newline was cut short by the kill
+    marks = [(int(c), float(t)) for c, t in (line.split() for line in lines)]
     inside = [m for m in marks if t0 <= m[1] <= t1]
     if len(inside) < 2:
         return float("nan")
