@@ -11,8 +11,9 @@ results are the same bits under any setting.
 
 A neighbour that starts after a pinned run (``keepsight demo``, ``world train``) meets its brief spin, and the run
 trains about 2.8x slower beside it. So a command that will not itself pin more than one thread, started while a
-pinned keepsight run is alive, lowers its own priority (``nice`` ``YIELD_NICE``): the pinned run keeps most of its
-speed and the command loses about a quarter of its own while they share the cores (README, "A busy machine").
+pinned keepsight run is alive, lowers its own priority (``nice`` ``YIELD_NICE``): the pinned run then trains about 1.8x
+slower rather than 2.8x, and the command runs at about 0.6x its own speed while they share the cores (README, "A busy
+machine").
 ``KEEPSIGHT_YIELD=0`` in the environment keeps the usual priority.
 """
 
@@ -115,5 +116,6 @@ def yield_note(pinned: dict[int, list[str]]) -> str:
     """What a command that yielded to ``pinned`` is told."""
     runs = "; ".join(f"pid {pid}: keepsight {' '.join(words)}" for pid, words in sorted(pinned.items()))
     return (f"keepsight: note: a pinned keepsight run holds the cores ({runs}), so this command runs at nice "
-            f"{YIELD_NICE} while it lives: the run keeps most of its speed and this command loses about a quarter of "
-            f"its own; {YIELD_SETTING}=0 in the environment keeps the usual priority (README, \"A busy machine\")")
+            f"{YIELD_NICE} while they share the cores (the run then trains about 1.8x slower rather than 2.8x, this "
+            f"command at about 0.6x its speed); {YIELD_SETTING}=0 in the environment keeps the usual priority (README, "
+            "\"A busy machine\")")
