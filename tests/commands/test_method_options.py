@@ -2,6 +2,7 @@
 the same settings its JSON object gives, turns the method on, is checked by the method's config, and a setting
 given twice, or for a method other than the chosen one, is an error naming it."""
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,8 @@ from keepsight.commands import eval as eval_command
 from keepsight.commands.method_options import baseline_choice, sampler_settings, switched_settings
 from keepsight.inference import get_method
 from keepsight.inference.arguments import config_keys
-from keepsight.inference.pipeline import MAX_NEW_TOKENS, pipeline_defaults
+from keepsight.inference.pipeline import pipeline_defaults
+from keepsight.inference.settings import DECODE, DecodeSettings
 from keepsight.integrations.lmms_eval import SAMPLER_KEYS
 from keepsight.world.models import save_tiny_checkpoint
 
@@ -53,11 +55,13 @@ def test_the_diffusion_switches():
     (["--vcd.alpha", "-1"], "alpha must be >= 0.0, got -1"),
     (["--diffusion", "--mps.k", "0"], "k must be"),
     (["--diffusion", "--mrs.schedule", "sideways"], "unknown schedule 'sideways'"),
-    (["--sampler.cache", "prompt"], "--sampler.*, --steps, --gen-length, --block-length, --cfg-scale and "
+    (["--sampler.cache", "prompt"], "--sampler.* and --steps, --gen-length, --block-length, --cfg-scale, "
                                     "--remasking are for --diffusion"),
     (["--gen-length", "32"], "--remasking are for --diffusion"),
     (["--remasking", "random"], "--remasking are for --diffusion"),
     (["--cfg-scale", "1.5"], "--remasking are for --diffusion"),
+    (["--cfg-scale", "0"], "--remasking are for --diffusion"),  # given, even at its default
+    (["--diffusion", "--remasking", "sideways"], "remasking must be one of ['low_confidence', 'random']"),
     (["--diffusion", "--sampler.cache", "all"], "cache must be one of"),
     (["--diffusion", "--sampler.cache", "prompt", "--sampler.refresh_every", "2"], "cache='prompt' records the prompt"),
 ])
@@ -88,6 +92,9 @@ def test_a_value_of_the_wrong_type_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
         _args("--vcd.alpha", "strong")
     assert "argument --vcd.alpha: must be a finite number, got 'strong'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a decoding setting's range, at parse time
+        _args("--max-new-tokens", "0")
+    assert "argument --max-new-tokens: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
@@ -102,12 +109,13 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--mps.k", "4", "--mrs", "--steps", "8", "--gen-length", "32"))
     assert seen["decoding"] == {"mps": {"k": 4}, "mrs": {}} and seen["baseline"] is None and seen["sampler"] == {}
-    assert (seen["steps"], seen["gen_length"], seen["block_length"]) == (8, 32, None)
+    assert (seen["steps"], seen["gen_length"]) == (8, 32) and "block_length" not in seen  # not given: the default
+    seen.clear()
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--sampler.cache", "prompt", "--sampler.threshold", "0.9",
                                        "--sampler.threshold_rule", "schedule"))
     assert seen["sampler"] == {"cache": "prompt", "threshold": 0.9, "threshold_rule": "schedule"}
-    assert (seen["cfg_scale"], seen["remasking"]) == (0.0, "low_confidence")  # the Pipeline's defaults
+    assert "cfg_scale" not in seen and "remasking" not in seen  # not given: the Pipeline's defaults
     with pytest.raises(KeyboardInterrupt):
         eval_command.load_method(_args("--diffusion", "--cfg-scale", "1.5", "--remasking", "random"))
     assert (seen["cfg_scale"], seen["remasking"]) == (1.5, "random")
@@ -117,12 +125,20 @@ def test_generate_passes_the_settings_to_the_pipeline(monkeypatch):
 
 
 def test_evals_defaults_are_the_pipelines():
-    """``eval generate`` / ``eval pope`` show and pass the Pipeline's own defaults (lmms-eval gets the same ones)."""
+    """``eval generate`` / ``eval pope`` show and pass the Pipeline's own defaults (lmms-eval gets the same ones):
+    the decoding settings are ``DecodeSettings``' fields, each option generated from one, its help the field's."""
     defaults = pipeline_defaults()
     args = _args()
-    assert (args.max_new_tokens, args.dtype, args.device, args.seed) == (
-        MAX_NEW_TOKENS, defaults["dtype"], defaults["device"], defaults["seed"])
-    assert f"new tokens an answer may take (default: {MAX_NEW_TOKENS})" in " ".join(_help("pope").split())
+    assert eval_command.decode_settings(args) == DecodeSettings() and (args.dtype, args.device) == (
+        defaults["dtype"], defaults["device"])
+    assert {f.name: f.default for f in dataclasses.fields(DecodeSettings)} == {
+        k: defaults[k] for k in (f.name for f in dataclasses.fields(DecodeSettings))}
+    text = " ".join(_help("pope").split())
+    assert f"new tokens an answer may take (a request's own max_new_tokens wins) (default: {DECODE.max_new_tokens})" in text
+    for f in dataclasses.fields(DecodeSettings):
+        assert "--" + f.name.replace("_", "-") in text
+    settings = eval_command.decode_settings(_args("--seed", "3", "--system-prompt", "be brief"))
+    assert settings == DecodeSettings(seed=3, system_prompt="be brief") and settings.given() == ["system_prompt", "seed"]
 
 
 def _help(command: str) -> str:

@@ -114,7 +114,7 @@ def direct_logprob(model, processor, image, question, continuation):
 def test_generate_until_matches_model_generate(base, processor, images, task_dict):
     model, path = base
     lm = make(task_dict, pretrained=str(path), max_new_tokens="5")  # string model_args, as lmms-eval may pass
-    assert (lm.method, lm.batch_size, lm.max_new_tokens, lm.dtype) == ("none", 1, 5, torch.float32)
+    assert (lm.method, lm.batch_size, lm.decode.max_new_tokens, lm.dtype) == ("none", 1, 5, torch.float32)
     out = lm.generate_until(gen_requests({"temperature": 0, "do_sample": False}))
     assert out == [direct_generate(model, processor, images, [i], 5)[0] for i in range(len(QUESTIONS))]
     assert all(isinstance(t, str) and t for t in out)

@@ -26,6 +26,7 @@ JSON (default: the captions path with the suffix ``.chair.json``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -42,9 +43,9 @@ from ..atomic import (
     write_text,
 )
 from ..data import Sample, open_dataset, open_image, preflight
-from ..diffusion.sampler import REMASKING
 from ..inference import Pipeline, method_names
 from ..inference.pipeline import pipeline_defaults
+from ..inference.settings import SAMPLER_SCHEDULE, DecodeSettings
 from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
@@ -60,6 +61,7 @@ from ..metrics.pope import (
 )
 from ..world.dataset import is_world
 from ..world.tasks import VLMDataset
+from .config_options import add_config_options, given_settings, short_option
 from .method_options import (
     add_method_options,
     baseline_choice,
@@ -69,14 +71,15 @@ from .method_options import (
 from .options import (
     bounded_int,
     data_args,
-    nonneg_float,
-    nonneg_int,
     output_file_args,
     positive_int,
     read_samples,
+    short_options,
 )
 
 POPE_KIND = "pope"
+DECODE_PREFIX = "decode"  # the decoding settings' options: every one under its short spelling (--max-new-tokens)
+DECODE_SHORT = short_options(*(f.name for f in dataclasses.fields(DecodeSettings)), training=False)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -107,42 +110,30 @@ def method_args(g, required_model: bool = True) -> None:
     method.add_argument("--bridge", action="store_true", help="the model is bridge-converted (checked)")
     method.add_argument("--diffusion", action="store_true", help="a masked-diffusion VLM, LLaDA-style sampler")
     default = pipeline_defaults()  # the one place each is written
-    g.add_argument("--steps", type=positive_int, help="diffusion: denoising steps (default: one per token of "
-                   "--max-new-tokens, the window the sampler fills)")
-    g.add_argument("--gen-length", type=positive_int, help="diffusion: the window the sampler fills, whatever "
-                   "--max-new-tokens asks (default: --max-new-tokens rounded up to whole blocks)")
-    g.add_argument("--block-length", type=positive_int, help="diffusion: semi-autoregressive block")
-    g.add_argument("--cfg-scale", type=nonneg_float, default=default["cfg_scale"],
-                   help="diffusion: classifier-free guidance (0: none; default: %(default)s)")
-    g.add_argument("--remasking", choices=REMASKING, default=default["remasking"],
-                   help="diffusion: which slots a step commits (default: %(default)s)")
-    g.add_argument("--max-new-tokens", type=positive_int, default=default["max_new_tokens"],
-                   help="new tokens an answer may take (default: %(default)s)")
     g.add_argument("--batch-size", type=positive_int, default=8, help="rows decoded together (default: %(default)s)")
-    g.add_argument("--system-prompt", help="a system turn for rows without one")
     g.add_argument("--dtype", default=default["dtype"], help="the weights' dtype (default: %(default)s)")
     g.add_argument("--device", default=default["device"], help="(default: %(default)s)")
-    g.add_argument("--seed", type=nonneg_int, default=default["seed"], help="diffusion sampling (pope: also the "
-                   "question draw; default: %(default)s)")
+    add_config_options(g, DECODE_PREFIX, DecodeSettings, short=DECODE_SHORT, title="decoding")
+
+
+def decode_settings(args) -> DecodeSettings:
+    """The decoding settings the command line gave, the others their defaults."""
+    return DecodeSettings(**given_settings(args, DECODE_PREFIX, DecodeSettings))
 
 
 def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
     decoding, sampler = diffusion_methods(args), sampler_settings(args)
-    default = pipeline_defaults()
-    schedule = (args.steps, args.gen_length, args.block_length, args.cfg_scale != default["cfg_scale"],
-                args.remasking != default["remasking"])
-    if (decoding or sampler or any(schedule)) and not args.diffusion:
+    decode = given_settings(args, DECODE_PREFIX, DecodeSettings)
+    if (decoding or sampler or set(decode) & set(SAMPLER_SCHEDULE)) and not args.diffusion:
         switches = ", ".join(f"--{n}" for n in method_names("decode", "diffusion"))
-        raise ValueError(f"{switches} (and their options), --sampler.*, --steps, --gen-length, --block-length, "
-                         "--cfg-scale and --remasking are for --diffusion")
+        schedule = ", ".join(short_option(n) for n in SAMPLER_SCHEDULE)
+        raise ValueError(f"{switches} (and their options), --sampler.* and {schedule} are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)
     return Pipeline(args.model, method=method, pvm=args.pvm, decoding=decoding, dtype=args.dtype,
-                    device=args.device, max_new_tokens=args.max_new_tokens, steps=args.steps,
-                    gen_length=args.gen_length, block_length=args.block_length, cfg_scale=args.cfg_scale,
-                    remasking=args.remasking, seed=args.seed, system_prompt=args.system_prompt,
-                    baseline=baseline, baseline_args=baseline_args or None, sampler=sampler)
+                    device=args.device, baseline=baseline, baseline_args=baseline_args or None, sampler=sampler,
+                    **decode)
 
 
 def generate_parser(ev_sub) -> None:
@@ -185,7 +176,7 @@ def run_generate(args) -> int:
     with tqdm(total=n, desc="keepsight eval generate") as bar:
         for start in range(0, n, args.batch_size):
             rows = [data[i] for i in range(start, min(n, start + args.batch_size))]
-            answers = lmm.generate_samples(rows, {"max_new_tokens": args.max_new_tokens})
+            answers = lmm.generate_samples(rows)
             for k, (sample, answer) in enumerate(zip(rows, answers)):
                 i = start + k
                 category = data.category(i) if hasattr(data, "category") else None
@@ -370,7 +361,7 @@ def run_pope(args) -> int:
     else:
         instances = load_coco_instances(args.coco, split=args.split)
         built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
-                                     strategies=args.strategies, seed=args.seed)
+                                     strategies=args.strategies, seed=decode_settings(args).seed)
         records = [r for rs in built.values() for r in rs]
     if args.answers is not None:
         answers = read_answers_jsonl(args.answers)
@@ -385,7 +376,7 @@ def run_pope(args) -> int:
                 chunk = records[start : start + args.batch_size]
                 rows = [Sample.single_turn(r["question"], image=open_image(root / r["image"]), id=r["question_id"])
                         for r in chunk]
-                for r, text in zip(chunk, lmm.generate_samples(rows, {"max_new_tokens": args.max_new_tokens})):
+                for r, text in zip(chunk, lmm.generate_samples(rows)):
                     answers[r["question_id"]] = text
                 bar.update(len(chunk))
     asked = {r["question_id"] for r in records}
@@ -399,9 +390,9 @@ def run_pope(args) -> int:
                  "image_root": str(args.image_root) if args.image_root else None}
     else:
         setup = {"coco": str(args.coco), "split": args.split, "images": args.images, "per_image": args.per_image,
-                 "seed": args.seed}
+                 "seed": decode_settings(args).seed}
     result = {**setup, "parser": args.parser, "rule": args.parser, "model": args.model,
-              "max_new_tokens": args.max_new_tokens if args.model else None,
+              "max_new_tokens": decode_settings(args).max_new_tokens if args.model else None,
               "answers": str(args.answers) if args.answers else None, "extra_answers": len(extra), "scores": scores}
 
     def write(tmp: Path) -> None:  # the three files are published together: never scores beside another run's answers

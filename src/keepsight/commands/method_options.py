@@ -13,7 +13,7 @@ import dataclasses
 
 from ..diffusion.sampler import USER_SETTINGS, SamplerConfig
 from ..inference import get_method, method_names
-from .config_options import add_config_options, given_settings, option_names
+from .config_options import add_config_options, given_settings, option_names, short_option
 from .options import json_settings
 
 
@@ -60,7 +60,8 @@ def _refuse_taken(parser, name: str) -> None:
     """A method whose options (``--NAME``, ``--NAME.FIELD``, the value ``NAME``) the command already uses for its own
     is an error naming the method and the module that registered it (argparse would refuse the parser, or the two would
     mix). Called after the command's own options (``add_method_options`` comes last)."""
-    taken = sorted(o for o in parser._option_string_actions if o == f"--{name}" or o.startswith(f"--{name}."))
+    taken = sorted(o for o in parser._option_string_actions
+                   if o in (f"--{name}", short_option(name)) or o.startswith(f"--{name}."))
     taken += sorted(a.option_strings[0] for a in parser._actions if a.dest == name and a.option_strings)
     taken += [f"--{name}"] * (name in EVERY_COMMAND)
     if taken:

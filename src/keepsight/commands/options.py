@@ -105,7 +105,10 @@ SHORT_TYPES = {"steps": positive_int, "lr": positive_float, "gate_lr": positive_
                "batch_size": positive_int, "seed": nonneg_int, "answer_length": positive_int, "max_length": positive_int,
                "beta": nonneg_float, "num_generations": positive_int, "prompts_per_step": positive_int,
                "max_completion_length": positive_int, "phase": bounded_int(1, 2), "pvm_hidden_size": positive_int,
-               "layers": None, "skip_bad_rows": None, "trainable": None, "bridge": None}
+               "layers": None, "skip_bad_rows": None, "trainable": None, "bridge": None,
+               # decoding (keepsight.inference.settings.DecodeSettings)
+               "max_new_tokens": positive_int, "system_prompt": None, "gen_length": positive_int,
+               "block_length": positive_int, "cfg_scale": nonneg_float, "remasking": None}
 
 
 def short_options(*names: str, training: bool = True) -> dict:

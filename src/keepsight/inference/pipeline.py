@@ -37,8 +37,8 @@ from ..models.arch import check_finite, check_length, kind_of
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
 from .registry import METHODS, get_method, method_names
+from .settings import DECODE, SAMPLER_SCHEDULE, DecodeSettings
 
-MAX_NEW_TOKENS = 128  # new tokens a request may generate when it does not say (a task's gen_kwargs, --max-new-tokens)
 # what generate_ids may ask of transformers' generate beside the ids
 GENERATE_OUTPUTS = ("output_hidden_states", "output_attentions", "output_scores", "return_dict_in_generate")
 
@@ -72,10 +72,12 @@ class Pipeline:
 
     def __init__(self, pretrained: str | os.PathLike, method: str = "none", pvm: str | os.PathLike | None = None,
                  baseline: str | None = None, baseline_args: dict | None = None, mps: dict | None = None,
-                 mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto", max_new_tokens: int = MAX_NEW_TOKENS,
-                 steps: int | None = None, gen_length: int | None = None, block_length: int | None = None,
-                 cfg_scale: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
-                 system_prompt: str | None = None, sampler: dict | None = None, decoding: dict | None = None):
+                 mrs: dict | None = None, dtype: str = "auto", device: str | None = "auto",
+                 max_new_tokens: int = DECODE.max_new_tokens, steps: int | None = DECODE.steps,
+                 gen_length: int | None = DECODE.gen_length, block_length: int | None = DECODE.block_length,
+                 cfg_scale: float = DECODE.cfg_scale, remasking: str = DECODE.remasking, seed: int = DECODE.seed,
+                 system_prompt: str | None = DECODE.system_prompt, sampler: dict | None = None,
+                 decoding: dict | None = None):
         # every setting is checked before the (minutes long) load
         self._settings(method=method, pvm=pvm, baseline=baseline, baseline_args=baseline_args, mps=mps, mrs=mrs,
                        decoding=decoding, max_new_tokens=max_new_tokens, steps=steps, gen_length=gen_length, block_length=block_length,
@@ -134,11 +136,10 @@ class Pipeline:
         self.pvm_dir = None if pvm in (None, "") else Path(pvm).expanduser()
         self.mps, self.mrs = requested.get("mps"), requested.get("mrs")
         self.decoding = requested
-        self.max_new_tokens = max_new_tokens
-        self.steps, self.gen_length, self.block_length = steps, gen_length, block_length
-        self.cfg_scale, self.remasking, self.seed = cfg_scale, remasking, seed
-        self.system_prompt = system_prompt or None
-        self._check_method_arguments(steps, gen_length, block_length)
+        self.decode = DecodeSettings(max_new_tokens=max_new_tokens, steps=steps, gen_length=gen_length,
+                                     block_length=block_length, cfg_scale=cfg_scale, remasking=remasking, seed=seed,
+                                     system_prompt=system_prompt or None)  # checked
+        self._check_method_arguments()
 
     @staticmethod
     def _diffusion_methods(mps, mrs, decoding) -> dict:
@@ -164,16 +165,12 @@ class Pipeline:
                              f"({'|'.join(method_names('decode', 'autoregressive'))})")
         return None
 
-    def _check_method_arguments(self, steps, gen_length, block_length) -> None:
+    def _check_method_arguments(self) -> None:
         """Each setting given belongs to ``method`` (the registry entries' ``takes``), and those it requires are
         given."""
-        given = [n for n, v in (("pvm", self.pvm_dir), ("steps", steps), ("gen_length", gen_length),
-                                ("block_length", block_length)) if v is not None]
+        given = ["pvm"] if self.pvm_dir is not None else []
+        given += [n for n in self.decode.given() if n in SAMPLER_SCHEDULE]
         given += [name if name in ("mps", "mrs") else f"decoding.{name}" for name in self.decoding]
-        if self.cfg_scale != 0.0:
-            given.append("cfg_scale")
-        if self.remasking != "low_confidence":
-            given.append("remasking")
         given += [f"sampler.{k}" for k in self.sampler]
 
         def owner(name: str) -> str:  # the model-side method that takes the setting
@@ -244,15 +241,15 @@ class Pipeline:
 
     def chat_prompt(self, context: str, n_images: int) -> str:
         """One user turn (the images, then the context) in the processor's chat template, ready for the answer."""
-        messages = _user_turn(context, n_images, self.system_prompt)
+        messages = _user_turn(context, n_images, self.decode.system_prompt)
         return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def sample_prompt(self, sample) -> str:
         """A ``keepsight.data.Sample``'s conversation before its last assistant turn (every earlier turn, several
         images) in the processor's chat template, ready for the answer; the system prompt when none is given."""
         messages = list(sample.prompt_messages)
-        if self.system_prompt and not any(m["role"] == "system" for m in messages):
-            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
+        if self.decode.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": self.decode.system_prompt}]})
         return self._processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def encode(self, texts: list[str], images: list[list], side: str = "left"):
@@ -319,7 +316,7 @@ class Pipeline:
     def settings(self, gen_kwargs) -> dict:
         """Decoding settings from lmms-eval-style ``gen_kwargs`` (``until``, ``max_new_tokens``, ``temperature``,
         ``do_sample``, ``num_beams``, ``top_p``, ``top_k``); greedy unless sampling is asked for."""
-        return decoding_settings(gen_kwargs, self.max_new_tokens)
+        return decoding_settings(gen_kwargs, self.decode.max_new_tokens)
 
     @staticmethod
     def cut(text: str, until: list[str]) -> str:
@@ -384,13 +381,13 @@ class Pipeline:
         """(gen_length, steps, block_length) for a request asking ``max_new_tokens``: ``gen_length`` and
         ``block_length`` from the settings when given, else the request's length (rounded up to a whole number of
         blocks); ``steps`` defaults to one token per step."""
-        if self.gen_length is not None:
-            gen_length = self.gen_length
-            block = self.block_length or gen_length
+        if self.decode.gen_length is not None:
+            gen_length = self.decode.gen_length
+            block = self.decode.block_length or gen_length
         else:
-            block = self.block_length or max_new_tokens
+            block = self.decode.block_length or max_new_tokens
             gen_length = -(-max_new_tokens // block) * block
-        return gen_length, self.steps or gen_length, block
+        return gen_length, self.decode.steps or gen_length, block
 
     @torch.no_grad()
     def diffuse(self, enc, max_new_tokens: int | None = None, *, temperature: float = 0.0, callback=None,
@@ -403,14 +400,14 @@ class Pipeline:
         ``texts(out.generated)`` reads the answers."""
         if self._entry.family != "diffusion":
             raise ValueError(f"diffuse() decodes masked-diffusion models; method is {self.method}")
-        gen_length, steps, block = self.diffusion_settings(max_new_tokens or self.max_new_tokens)
+        gen_length, steps, block = self.diffusion_settings(max_new_tokens or self.decode.max_new_tokens)
         settings = {"gen_length": gen_length, "steps": steps, "block_length": block, "temperature": temperature,
-                    "cfg_scale": self.cfg_scale, "remasking": self.remasking, **self._model_rules,
+                    "cfg_scale": self.decode.cfg_scale, "remasking": self.decode.remasking, **self._model_rules,
                     **self.sampler, **overrides}
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
         with self._applied(enc["input_ids"].shape[1]):
             return diffusion_generate(self._model, enc["input_ids"], enc.get("attention_mask"), enc.get("pixel_values"),
-                                      generator=torch.Generator().manual_seed(self.seed), callback=callback,
+                                      generator=torch.Generator().manual_seed(self.decode.seed), callback=callback,
                                       model_kwargs=extra, **settings)
 
     @functools.cached_property

@@ -73,13 +73,13 @@ from ..diffusion.sampler import USER_SETTINGS
 from ..inference import Pipeline, get_method, method_names
 from ..inference.arguments import (
     as_choice,
-    as_float,
     as_int,
     as_str,
     baseline_settings,
     config_keys,
     fix_settings,
 )
+from ..inference.settings import DecodeSettings
 from ..train.distributed import process_rank
 
 MODEL_NAME = "keepsight"
@@ -87,6 +87,7 @@ CLASS_PATH = "keepsight.integrations.lmms_eval.KeepsightLMMEval"
 METHODS = tuple(method_names("load"))  # how the model is set up (keepsight.inference.METHODS)
 # the sampler's fast decoding, as sampler_<field>=... (sampler_cache=prompt, sampler_threshold=0.9)
 SAMPLER_KEYS = config_keys(SamplerConfig, only=USER_SETTINGS)
+DECODE_KEYS = config_keys(DecodeSettings)  # max_new_tokens=, steps=, ...: the fields of keepsight eval's options
 
 
 # ----------------------------------------------------------------------------- the model
@@ -105,13 +106,15 @@ class KeepsightLMM(Pipeline):
     LL_OUTPUT = "logprob"  # what loglikelihood returns unless ll_output= says otherwise
 
     def __init__(self, pretrained: str | os.PathLike | None = None, method: str = "none", pvm=None, dtype=None,
-                 device=None, batch_size=1, max_new_tokens=None, steps=None, gen_length=None, block_length=None,
-                 cfg_scale=None, remasking=None, seed=None, system_prompt=None, ll_output=None, max_batch_size=None,
-                 baseline=None, baseline_args=None, **extra):
+                 device=None, batch_size=1, ll_output=None, max_batch_size=None, baseline=None, baseline_args=None,
+                 **extra):
         """Model arguments as lmms-eval passes them (strings, or values); a setting not given takes
-        ``Pipeline``'s default (the one place it is written). Each registered diffusion decoding method ``NAME``
-        (``mps``, ``mrs``, ...) is ``NAME=true|JSON`` and ``NAME_FIELD=value``."""
+        ``Pipeline``'s default (the one place it is written). The decoding settings are ``DecodeSettings``' fields
+        (``max_new_tokens=64``, ``steps=32``, ...), read by the same converters as ``keepsight eval``'s options and
+        checked by the dataclass. Each registered diffusion decoding method ``NAME`` (``mps``, ``mrs``, ...) is
+        ``NAME=true|JSON`` and ``NAME_FIELD=value``."""
         del max_batch_size  # lmms-eval passes it for --batch_size auto, which is not supported
+        decode = {k: DECODE_KEYS[k](k, v) for k in DECODE_KEYS if (v := extra.pop(k, None)) not in (None, "")}
         decoding = {}
         for name in method_names("decode", "diffusion"):
             config = get_method(name).config
@@ -131,9 +134,8 @@ class KeepsightLMM(Pipeline):
         if extra:
             methods = ", ".join(f"{n}, {n}_*" for n in method_names("decode", "diffusion"))
             raise ValueError(f"unknown model argument(s) {sorted(extra)}; keepsight accepts pretrained, method, pvm, "
-                             f"{methods}, dtype, device, batch_size, max_new_tokens, steps, gen_length, block_length, "
-                             "cfg_scale, remasking, seed, system_prompt, ll_output, baseline, baseline_args, "
-                             "baseline_*, sampler_*")
+                             f"{methods}, dtype, device, batch_size, {', '.join(DECODE_KEYS)}, ll_output, baseline, "
+                             "baseline_args, baseline_*, sampler_*")
         unknown = sorted(set(sampler_flat) - set(SAMPLER_KEYS))
         if unknown:
             raise ValueError(f"unknown sampler setting(s) {['sampler_' + k for k in unknown]}; known: "
@@ -153,21 +155,11 @@ class KeepsightLMM(Pipeline):
             raise ValueError(f"baseline settings given without baseline={'|'.join(method_names('decode', 'autoregressive'))}")
         self._rank, self._world_size = process_rank()
         self.task_dict = getattr(self, "task_dict", None) or {}
-        def positive(n, v):
-            return as_int(n, v, 1)
-
-        given = {name: convert(name, value) for name, value, convert in (
-            ("dtype", dtype, lambda n, v: v), ("device", device, lambda n, v: v),  # the loader checks these two
-            ("max_new_tokens", max_new_tokens, positive), ("steps", steps, positive),
-            ("gen_length", gen_length, positive), ("block_length", block_length, positive),
-            ("cfg_scale", cfg_scale, lambda n, v: as_float(n, v, 0.0)),
-            ("remasking", remasking, lambda n, v: as_choice(n, v, ("low_confidence", "random"))),
-            ("seed", seed, as_int)) if value is not None}
-        Pipeline.__init__(
+        load = {name: value for name, value in (("dtype", dtype), ("device", device)) if value is not None}
+        Pipeline.__init__(  # the loader checks dtype and device, DecodeSettings the decoding settings
             self, pretrained, method=method, pvm=None if pvm in (None, "") else as_str("pvm", pvm),
             baseline=baseline, baseline_args=settings, decoding=decoding,
-            system_prompt=None if system_prompt in (None, "") else str(system_prompt),
-            sampler={k: SAMPLER_KEYS[k](f"sampler_{k}", v) for k, v in sampler_flat.items()}, **given)
+            sampler={k: SAMPLER_KEYS[k](f"sampler_{k}", v) for k, v in sampler_flat.items()}, **load, **decode)
 
     @staticmethod
     def _batch_size(value) -> int:
@@ -286,7 +278,7 @@ class KeepsightLMM(Pipeline):
 
 
 # the model arguments KeepsightLMM takes by name: a diffusion method called like one could not be switched on
-OWN_ARGUMENTS = frozenset(inspect.signature(KeepsightLMM.__init__).parameters) - {"self", "extra"}
+OWN_ARGUMENTS = (frozenset(inspect.signature(KeepsightLMM.__init__).parameters) - {"self", "extra"}) | set(DECODE_KEYS)
 
 
 # ----------------------------------------------------------------------------- lmms-eval glue
