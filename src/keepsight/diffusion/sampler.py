@@ -419,9 +419,10 @@ def _rand(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=where).to(device)
 
 
+# the Pipeline's decoding settings (keepsight.inference.settings.DecodeSettings) that only this sampler takes
+SCHEDULE_SETTINGS = ("steps", "gen_length", "block_length", "cfg_scale", "remasking")
 # the Pipeline settings of this sampler and of the diffusion decoding methods: method="diffusion" alone takes them
-DIFFUSION_SETTINGS = ("mps", "mrs", "decoding", "steps", "gen_length", "block_length", "cfg_scale", "remasking",
-                      "sampler")
+DIFFUSION_SETTINGS = ("mps", "mrs", "decoding", *SCHEDULE_SETTINGS, "sampler")
 
 
 def _diffusion_checkpoint(spec, kind: str, where) -> None:

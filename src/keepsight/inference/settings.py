@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..checks import number
-from ..diffusion.sampler import REMASKING
+from ..diffusion.sampler import REMASKING, SCHEDULE_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -42,5 +42,4 @@ class DecodeSettings:
 
 
 DECODE = DecodeSettings()  # the defaults, read by Pipeline's signature
-# the settings only the diffusion sampler takes (``keepsight.diffusion.sampler.DIFFUSION_SETTINGS`` among them)
-SAMPLER_SCHEDULE = ("steps", "gen_length", "block_length", "cfg_scale", "remasking")
+SAMPLER_SCHEDULE = SCHEDULE_SETTINGS  # the fields only the diffusion sampler takes
