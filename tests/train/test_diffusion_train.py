@@ -1,4 +1,6 @@
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -214,6 +216,7 @@ def test_the_diffusion_experiment_can_start_its_vlm_from_the_base_language_model
     base = tmp_path / "base"
     shutil.copytree(base_dir, base)
     build_model("tiny-llava", processor.tokenizer, seed=1).save_pretrained(base)  # the base model itself
+    processor.save_pretrained(base)
     ctx = ExperimentContext(base, None, samples.config, None, None, lambda: samples, print)
     train = DiffusionTrainConfig(steps=1, batch_size=2, save_every=1000, answer_length=16)
     fresh_dir, _ = _train_model(DiffusionExperiment(train=train, tasks=("describe",)), ctx, 0)
@@ -224,3 +227,17 @@ def test_the_diffusion_experiment_can_start_its_vlm_from_the_base_language_model
         (fresh_dir / "diffusion_train.json").read_text())["request"]
     with pytest.raises(ValueError, match="language_model_from must be None .* or 'base', got 'mine'"):
         DiffusionExperiment(language_model_from="mine")
+    # base_finetune: the base fine-tuned on its descriptions first (one model for every seed), the VLM started from it
+    from keepsight.train.finetune import FinetuneConfig
+
+    tuned = DiffusionExperiment(train=train, tasks=("describe",), language_model_from="base",
+                                base_finetune=FinetuneConfig(steps=1, batch_size=2, save_every=1000))
+    ft_dir, _ = _train_model(tuned, ctx, 0)
+    assert ft_dir not in (ar_dir, fresh_dir)
+    request = json.loads((ft_dir / "diffusion_train.json").read_text())["request"]
+    source = Path(request["language_model_from"]["path"])  # the fine-tuned base, fingerprinted
+    assert source.name.startswith("base-describe-") and (source / "config.json").is_file()
+    assert _train_model(replace(tuned, seeds=(0, 1)), ctx, 1)[0] != ft_dir  # another seed, the same fine-tuned base
+    assert len(list(ft_dir.parent.glob("base-describe-*"))) == 1
+    with pytest.raises(ValueError, match="base_finetune .* needs language_model_from='base'"):
+        DiffusionExperiment(base_finetune=FinetuneConfig())

@@ -71,3 +71,22 @@ def test_varied_repeats_sets_the_share_of_varied_descriptions():
     assert len(set(first)) == 3  # drawn anew, not copies
     with pytest.raises(ValueError, match="varied_repeats must be >= 1"):
         VLMDataset(samples, mix, varied_repeats=0)
+
+
+def test_phrased_descriptions_keep_the_raster_order_and_vary_only_the_words():
+    """``describe_phrased``: the varied phrasings with the objects in ``description``'s raster order, so what each
+    place in the text says is fixed by the image and only the words around it (and their count) vary."""
+    cfg = world_config()
+    scenes = generate_scenes(cfg, 30, seed=2)
+    texts = [varied_description(s, np.random.default_rng(7), shuffle=False) for s in scenes]
+    for s, t in zip(scenes, texts):
+        parsed = parse_description(t, varied=True)
+        assert [(m.row, m.col, m.colour, m.shape) for m in parsed.objects] == [
+            (o.row, o.col, o.colour, o.shape) for o in s.objects]  # every object, in raster order
+    per_scene = {varied_description(scenes[0], np.random.default_rng(k), shuffle=False) for k in range(20)}
+    assert len(per_scene) >= 10 and len({len(t.split()) for t in per_scene}) >= 3  # words and lengths vary
+    shuffled = [varied_description(s, np.random.default_rng(7)) for s in scenes]
+    assert any(parse_description(t, varied=True).objects != parse_description(u, varied=True).objects
+               for t, u in zip(texts, shuffled))
+    data = VLMDataset(WorldSamples.from_scenes(cfg, scenes[:4]), ("describe_phrased",), seed=3, varied_repeats=2)
+    assert len(data) == 8 and {data.category(i) for i in range(8)} == {"describe_phrased"}

@@ -42,6 +42,7 @@ from ..metrics import distinct_n, mean_ci, repetition_ratio
 from ..models import decoder_stack, load_checkpoint
 from ..probes import RoPEAttentionProbe
 from ..train.diffusion import DiffusionTrainConfig, train_diffusion
+from ..train.finetune import FinetuneConfig, train_finetune
 from ..world.base import llada_v_init
 from ..world.chair import chair
 from ..world.dataset import generate_scenes as world_scenes
@@ -62,13 +63,19 @@ class DiffusionExperiment:
     sweep_steps: int = 8  # T for the sweeps and the attention analysis
     attention_betas: tuple[float, ...] = (0.01, 1.0)  # MRS betas in the attention analysis (beside no MRS)
     tasks: tuple[str, ...] = ("describe",)  # training items (VLMDataset tasks); the analyses use descriptions
-    # ("describe_varied": many right answers per scene, the regime where parallel decoding repeats)
+    # ("describe_varied": many right answers per scene; "describe_phrased": the same phrasings in raster order, so
+    # what is said stays fixed by the image and only the words around it vary, the regime where slots committed
+    # together at few steps repeat a neighbour's word and the model still describes)
     text_layers: int | None = None  # the diffusion LM's depth (None: the base preset's; MPS's k = 3 needs > 4)
     # where the diffusion VLM's language model, LM head and projector start: None, fresh; "base", the base model's (an
     # autoregressive -> diffusion adaptation, as Dream 7B starts from Qwen2.5: keepsight.world.base.llada_v_init)
     language_model_from: str | None = None
+    # with language_model_from "base": the base first fine-tuned on its descriptions (every parameter but the vision
+    # tower: keepsight.train.finetune), and the diffusion VLM started from that; the base's descriptions place objects
+    # near chance, the fine-tuned one's well above (docs/results.md). None: the base as it is
+    base_finetune: FinetuneConfig | None = None
     describe_repeats: int = 1  # repeats of each description among the training items
-    varied_repeats: int | None = None  # varied descriptions per scene ("describe_varied"; None: describe_repeats)
+    varied_repeats: int | None = None  # varied (or phrased) descriptions per scene (None: describe_repeats)
     # a curriculum: the model trained on ``tasks`` is then fine-tuned with ``finetune`` on ``finetune_tasks`` (its
     # seed also draws the varied texts anew); None: one stage
     finetune: DiffusionTrainConfig | None = None
@@ -102,6 +109,9 @@ class DiffusionExperiment:
         if self.language_model_from not in (None, "base"):
             raise ValueError(f"language_model_from must be None (a fresh language model) or 'base', got "
                              f"{self.language_model_from!r}")
+        if self.base_finetune is not None and self.language_model_from != "base":
+            raise ValueError("base_finetune fine-tunes the base the diffusion VLM starts from: it needs "
+                             "language_model_from='base'")
         if self.finetune is not None and self.finetune.answer_length != self.train.answer_length:
             raise ValueError(f"finetune.answer_length ({self.finetune.answer_length}) must equal train.answer_length "
                              f"({self.train.answer_length}): both stages train the same window")
@@ -117,7 +127,8 @@ class DiffusionExperiment:
 
     @property
     def varied(self) -> bool:
-        return "describe_varied" in self.tasks + (self.finetune_tasks if self.finetune else ())
+        return bool({"describe_varied", "describe_phrased"} & set(self.tasks + (self.finetune_tasks if self.finetune
+                                                                                else ())))
 
     @property
     def training_seeds(self) -> tuple[int, ...]:
@@ -312,6 +323,12 @@ def _train_model(exp: DiffusionExperiment, ctx: ExperimentContext, seed: int) ->
     lm_from = base_dir if exp.language_model_from == "base" else None
     if lm_from is not None:
         spec["language_model_from"] = "base"
+    if exp.base_finetune is not None:  # one fine-tuned base for every seed
+        spec["base_finetune"] = asdict(exp.base_finetune)
+        lm_from = Path(f"{base_dir}-diffusion") / f"base-describe-{digest(spec['base_finetune'], 12)}"
+        log(f"the base fine-tuned on descriptions ({exp.base_finetune.steps} steps) -> {lm_from}")
+        train_finetune(base_dir, VLMDataset(train, ("describe",), exp.base_finetune.seed), lm_from,
+                       exp.base_finetune, progress=False)
     key = digest(spec, 12)
     model_dir = Path(f"{base_dir}-diffusion") / f"llada-v-{key}"
     log(f"masked-diffusion VLM ({cfg.steps} steps, seed {seed}) -> {model_dir}")

@@ -164,16 +164,18 @@ class VLMDataset(torch.utils.data.Dataset):
     "rehearse" (``texts.rehearsal_questions``: ``rehearsal[0]`` of the scene's lookups and ``rehearsal[1]`` colour
     yes/no questions, which keep the ground stage's reading through instruct),
     "describe_varied" (a description with varied phrasing and object order: ``texts.varied_description``),
+    "describe_phrased" (the same phrasings with the objects in raster order: what each object is and where stays
+    fixed by the image, only the words around it and their count vary),
     "count_yes_no" (four "are there n objects ?" items, two "yes" and two "no" with one a near-miss number:
     ``texts.count_questions``),
     "describe_ask" (a description turn, then one yes/no question, the image shown again before the question half
     the time: ``dialog.describe_then_ask``; the generated-text regime's format and its oracle's).
     ``describe_repeats`` repeats each description: with length-grouped batches every batch holds one
     kind of item, so this sets the share of optimizer steps spent on long descriptions. ``varied_repeats``: how many
-    varied descriptions each scene gets (each drawn anew; None: ``describe_repeats``)."""
+    varied (or phrased) descriptions each scene gets (each drawn anew; None: ``describe_repeats``)."""
 
     TASKS = ("describe", "caption", "yes_no", "open", "cells", "chat", "describe_varied", "count_yes_no",
-             "chat_image", "lookup", "describe_ask", "rehearse", "yes_no_balanced")
+             "chat_image", "lookup", "describe_ask", "rehearse", "yes_no_balanced", "describe_phrased")
 
     def __init__(self, samples: WorldSamples, mix: tuple[str, ...] = TASKS[:5], seed: int = 0,
                  yes_no_categories: int = 2, describe_repeats: int = 1, max_turns: int = 16,
@@ -251,6 +253,10 @@ class VLMDataset(torch.utils.data.Dataset):
             if "describe_varied" in mix:
                 self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng)) for _ in range(varied_repeats)]
                 self.categories += ["describe_varied"] * varied_repeats
+            if "describe_phrased" in mix:
+                self.items += [(i, DESCRIBE_PROMPT, varied_description(s, rng, shuffle=False))
+                               for _ in range(varied_repeats)]
+                self.categories += ["describe_phrased"] * varied_repeats
         # approximate text lengths (words) for length-grouped batching; image tokens are the same for all
         self.lengths = [len(p.split()) + len(a.split()) for _, p, a in self.items]
 

@@ -45,16 +45,17 @@ VARIED_OBJECTS = ("at {cell} a {attrs} .", "a {attrs} at {cell} .", "at {cell} t
                   "{cell} : a {attrs} .")
 
 
-def varied_description(scene: Scene, rng: np.random.Generator) -> str:
+def varied_description(scene: Scene, rng: np.random.Generator, shuffle: bool = True) -> str:
     """A description with real variety (``rng`` picks): one of four headers, the count in one of three forms or
-    left out, the objects in a random order, each in one of four phrasings with its size stated half the time.
-    ``parse_description(text, varied=True)`` reads every form back."""
+    left out, the objects in a random order (``shuffle``; else in raster order, as ``description`` lists them), each
+    in one of four phrasings with its size stated half the time. ``parse_description(text, varied=True)`` reads every
+    form back."""
     n = len(scene.objects)
     parts = [_pick(rng, VARIED_HEADERS).format(scene=scene.scene)]
     count = _pick(rng, VARIED_COUNTS)
     if count:
         parts.append("there is one object ." if n == 1 else count.format(n=number_word(n)))
-    for k in rng.permutation(n):
+    for k in (rng.permutation(n) if shuffle else range(n)):
         o = scene.objects[int(k)]
         attrs = f"{o.size} {o.colour} {o.shape}" if rng.random() < 0.5 else f"{o.colour} {o.shape}"
         parts.append(_pick(rng, VARIED_OBJECTS).format(cell=place(o.row, o.col), attrs=attrs))
