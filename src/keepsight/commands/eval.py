@@ -353,6 +353,7 @@ def run_pope(args) -> int:
         args.images = args.images or 500
         args.per_image = args.per_image or 3
         args.strategies = args.strategies or list(POPE_STRATEGIES)
+    decode = decode_settings(args)  # checked before any reading
     inputs = [args.coco, args.model, args.answers, *(args.questions or [])]
     out = check_output_dir(args.out, "--out", kinds=(POPE_KIND,), inputs=[*inputs, args.image_root],
                            overwrite=args.overwrite)
@@ -361,7 +362,7 @@ def run_pope(args) -> int:
     else:
         instances = load_coco_instances(args.coco, split=args.split)
         built = build_pope_questions(instances, n_images=args.images, n_per_image=args.per_image,
-                                     strategies=args.strategies, seed=decode_settings(args).seed)
+                                     strategies=args.strategies, seed=decode.seed)
         records = [r for rs in built.values() for r in rs]
     if args.answers is not None:
         answers = read_answers_jsonl(args.answers)
@@ -390,9 +391,9 @@ def run_pope(args) -> int:
                  "image_root": str(args.image_root) if args.image_root else None}
     else:
         setup = {"coco": str(args.coco), "split": args.split, "images": args.images, "per_image": args.per_image,
-                 "seed": decode_settings(args).seed}
+                 "seed": decode.seed}
     result = {**setup, "parser": args.parser, "rule": args.parser, "model": args.model,
-              "max_new_tokens": decode_settings(args).max_new_tokens if args.model else None,
+              "max_new_tokens": decode.max_new_tokens if args.model else None,
               "answers": str(args.answers) if args.answers else None, "extra_answers": len(extra), "scores": scores}
 
     def write(tmp: Path) -> None:  # the three files are published together: never scores beside another run's answers
