@@ -5,15 +5,15 @@ import dataclasses
 
 import pytest
 
-from keepsight.diffusion.sampler import DIFFUSION_SETTINGS
+from keepsight.diffusion.sampler import DIFFUSION_SETTINGS, SCHEDULE_SETTINGS
 from keepsight.inference.pipeline import pipeline_defaults
-from keepsight.inference.settings import DECODE, SAMPLER_SCHEDULE, DecodeSettings
+from keepsight.inference.settings import DECODE, DecodeSettings
 
 
 def test_the_pipelines_defaults_are_the_settings():
     defaults = pipeline_defaults()
     assert {f.name: defaults[f.name] for f in dataclasses.fields(DecodeSettings)} == dataclasses.asdict(DECODE)
-    assert set(SAMPLER_SCHEDULE) <= set(defaults) & set(DIFFUSION_SETTINGS)  # the sampler's, and only method=diffusion's
+    assert set(SCHEDULE_SETTINGS) <= set(defaults) & set(DIFFUSION_SETTINGS)  # the sampler's, and only method=diffusion's
     assert DECODE.given() == [] and DecodeSettings(steps=4, cfg_scale=1.0).given() == ["steps", "cfg_scale"]
 
 

@@ -43,9 +43,10 @@ from ..atomic import (
     write_text,
 )
 from ..data import Sample, open_dataset, open_image, preflight
+from ..diffusion.sampler import SCHEDULE_SETTINGS
 from ..inference import Pipeline, method_names
 from ..inference.pipeline import pipeline_defaults
-from ..inference.settings import SAMPLER_SCHEDULE, DecodeSettings
+from ..inference.settings import DecodeSettings
 from ..jsonl import read_jsonl
 from ..metrics.answers import KINDS, score_records
 from ..metrics.coco_chair import coco_chair, load_coco_ground_truth, read_captions_jsonl
@@ -125,9 +126,9 @@ def load_method(args) -> Pipeline:
     """The model with its method (``keepsight.inference.Pipeline``: the same loading and decoding lmms-eval runs)."""
     decoding, sampler = diffusion_methods(args), sampler_settings(args)
     decode = given_settings(args, DECODE_PREFIX, DecodeSettings)
-    if (decoding or sampler or set(decode) & set(SAMPLER_SCHEDULE)) and not args.diffusion:
+    if (decoding or sampler or set(decode) & set(SCHEDULE_SETTINGS)) and not args.diffusion:
         switches = ", ".join(f"--{n}" for n in method_names("decode", "diffusion"))
-        schedule = ", ".join(short_option(n) for n in SAMPLER_SCHEDULE)
+        schedule = ", ".join(short_option(n) for n in SCHEDULE_SETTINGS)
         raise ValueError(f"{switches} (and their options), --sampler.* and {schedule} are for --diffusion")
     method = "pvm" if args.pvm else "bridge" if args.bridge else "diffusion" if args.diffusion else "none"
     baseline, baseline_args = baseline_choice(args)

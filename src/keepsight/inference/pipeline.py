@@ -31,13 +31,13 @@ from ..data import padding_side
 from ..diffusion import DiffusionOutput
 from ..diffusion import generate as diffusion_generate
 from ..diffusion.ends import bans_mask, cut_at_end, end_ids, suppressed_ids
-from ..diffusion.sampler import user_settings
+from ..diffusion.sampler import SCHEDULE_SETTINGS, user_settings
 from ..models import ARCHITECTURES, arch_info, checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
 from ..models.arch import check_finite, check_length, kind_of
 from .arguments import DECODING_KEYS, decoding_settings
 from .decoders import Decoders
 from .registry import METHODS, get_method, method_names
-from .settings import DECODE, SAMPLER_SCHEDULE, DecodeSettings
+from .settings import DECODE, DecodeSettings
 
 # what generate_ids may ask of transformers' generate beside the ids
 GENERATE_OUTPUTS = ("output_hidden_states", "output_attentions", "output_scores", "return_dict_in_generate")
@@ -169,7 +169,7 @@ class Pipeline:
         """Each setting given belongs to ``method`` (the registry entries' ``takes``), and those it requires are
         given."""
         given = ["pvm"] if self.pvm_dir is not None else []
-        given += [n for n in self.decode.given() if n in SAMPLER_SCHEDULE]
+        given += [n for n in self.decode.given() if n in SCHEDULE_SETTINGS]
         given += [name if name in ("mps", "mrs") else f"decoding.{name}" for name in self.decoding]
         given += [f"sampler.{k}" for k in self.sampler]
 

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..checks import number
-from ..diffusion.sampler import REMASKING, SCHEDULE_SETTINGS
+from ..diffusion.sampler import REMASKING
 
 
 @dataclass(frozen=True)
@@ -42,4 +42,3 @@ class DecodeSettings:
 
 
 DECODE = DecodeSettings()  # the defaults, read by Pipeline's signature
-SAMPLER_SCHEDULE = SCHEDULE_SETTINGS  # the fields only the diffusion sampler takes
